@@ -1,0 +1,43 @@
+"""Every exact string shared with Volcano's GPU Sharing and with our own resources.
+
+These names are the wire contract: a workload written for Volcano must run unchanged, so none
+of them may change. See DESIGN.md, "Compatibility contract".
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Extended resources, read from container limits only.
+GPU_MEMORY: Final = "volcano.sh/gpu-memory"
+GPU_NUMBER: Final = "volcano.sh/gpu-number"
+
+# Pod annotations.
+GPU_INDEX: Final = "volcano.sh/gpu-index"
+"""Card(s) the scheduler chose: ``"3"``, or ``"0,5"`` for several whole cards."""
+PREDICATE_TIME: Final = "volcano.sh/predicate-time"
+"""Decimal unix nanoseconds of the scheduling decision; orders Allocate candidates."""
+GPU_ASSIGNED: Final = "volcano.sh/gpu-assigned"
+"""``"true"`` once the device plugin has served every GPU container of the pod."""
+GPU_ASSIGNED_TRUE: Final = "true"
+
+# Node annotation: comma list of card indices that must not be used.
+GPU_UNHEALTHY_IDS: Final = "volcano.sh/gpu-unhealthy-ids"
+
+# Container environment set by the device plugin's Allocate.
+ENV_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
+ENV_GPU_ALLOCATED: Final = "VOLCANO_GPU_ALLOCATED"
+ENV_GPU_MEMORY_TOTAL: Final = "VOLCANO_GPU_MEMORY_TOTAL"
+
+DEFAULT_SCHEDULER_NAME: Final = "volcano"
+
+# Our inventory custom resource: cluster-scoped, one per GPU node, named after the node.
+# Its spec is written by the device plugin, its status by the operator.
+INVENTORY_GROUP: Final = "gpushare.io"
+INVENTORY_VERSION: Final = "v1alpha1"
+INVENTORY_PLURAL: Final = "gpunodes"
+INVENTORY_KIND: Final = "GPUNode"
+
+# Card health, spelled as the kubelet device-plugin API spells device health.
+HEALTHY: Final = "Healthy"
+UNHEALTHY: Final = "Unhealthy"

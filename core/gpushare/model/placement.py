@@ -1,0 +1,183 @@
+"""Choosing a node and card(s) for a pod: the placement policy lives here and only here.
+
+Policies (the configuration names):
+- ``bestfit`` (default): the card, cluster-wide, left with the least free memory after the
+  pod is placed; whole cards from the node with the fewest idle cards, smallest cards first.
+- ``firstfit``: Volcano's rule: nodes in name order, the lowest card index that fits.
+- ``binpack``: the fullest node that fits, then its tightest card.
+- ``spread``: the emptiest node, then its emptiest card.
+Ties break on node name, then card index, so every decision is deterministic.
+
+Each policy walks the ledger's indexes in its order of preference and stops at the first
+card that fits, so a decision touches a few entries, not every card of a large cluster; the
+result is the same as scoring every card. Filters outside the GPU model (readiness, taints,
+cpu...) come in as a `NodeCheck`, asked lazily and at most once per node and decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gpushare.model.annotations import CardIndex
+from gpushare.model.diagnosis import Diagnosis, diagnose
+from gpushare.model.errors import InvalidRequest
+from gpushare.model.inventory import NodeName
+from gpushare.model.request import GpuKind, PodRequest
+from gpushare.model.usage import Allocation, CardUsage, Ledger, NodeUsage, PodRef
+
+NodeCheck = Callable[[NodeName], str | None]
+"""Verdict of the non-GPU filters on a node: None when it passes, else why not."""
+
+
+class Policy(StrEnum):
+    BESTFIT = "bestfit"
+    FIRSTFIT = "firstfit"
+    BINPACK = "binpack"
+    SPREAD = "spread"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Placement:
+    node: NodeName
+    cards: tuple[CardIndex, ...]
+    kind: GpuKind
+    amount: int
+    """MEMORY: units taken on the card. NUMBER: whole cards taken."""
+    free_after: int
+    """MEMORY: units left free on the card. NUMBER: idle cards left on the node."""
+
+    def allocation(self, pod: PodRef) -> Allocation:
+        return Allocation(pod=pod, node=self.node, kind=self.kind, cards=self.cards,
+                          amount=self.amount)
+
+
+class _Checker:
+    """A NodeCheck asked at most once per node within one decision."""
+
+    def __init__(self, check: NodeCheck | None) -> None:
+        self._check = check
+        self._verdicts: dict[NodeName, str | None] = {}
+
+    def reason(self, node: NodeName) -> str | None:
+        if self._check is None:
+            return None
+        if node not in self._verdicts:
+            self._verdicts[node] = self._check(node)
+        return self._verdicts[node]
+
+    def passes(self, node: NodeName) -> bool:
+        return self.reason(node) is None
+
+
+def place(
+    ledger: Ledger,
+    request: PodRequest,
+    policy: Policy = Policy.BESTFIT,
+    *,
+    node_check: NodeCheck | None = None,
+) -> Placement | Diagnosis:
+    """Where `request` goes under `policy`, or a Diagnosis of every node and card if nowhere."""
+    checker = _Checker(node_check)
+    if request.kind is GpuKind.MEMORY:
+        found = _MEMORY_POLICIES[policy](ledger, request.total, checker)
+    elif request.kind is GpuKind.NUMBER:
+        found = _whole_cards(ledger, request.total, policy, checker)
+    else:
+        raise InvalidRequest("placement is for pods that ask for a GPU; this one asks for none")
+    return found if found is not None else diagnose(ledger, request, checker.reason)
+
+
+# -- gpu-memory: one card ------------------------------------------------------------------
+
+
+def _shared(node: NodeUsage, card: CardUsage, need: int) -> Placement:
+    return Placement(node=node.inventory.node, cards=(card.card.index,), kind=GpuKind.MEMORY,
+                     amount=need, free_after=card.free - need)
+
+
+def _fitting(node: NodeUsage, need: int) -> list[CardUsage]:
+    """Cards of `node` that can take `need` units, by index (only if the node total allows)."""
+    if node.free < need:
+        return []
+    return [c for _, c in sorted(node.cards.items()) if c.shareable and c.free >= need]
+
+
+def _bestfit(ledger: Ledger, need: int, checker: _Checker) -> Placement | None:
+    for _, name, index in ledger.cards_from(need):
+        node = ledger.nodes()[name]
+        if node.free >= need and checker.passes(name):
+            return _shared(node, node.cards[index], need)
+    return None
+
+
+def _firstfit(ledger: Ledger, need: int, checker: _Checker) -> Placement | None:
+    for name in ledger.node_names():
+        node = ledger.nodes()[name]
+        cards = _fitting(node, need)
+        if cards and checker.passes(name):
+            return _shared(node, cards[0], need)
+    return None
+
+
+def _binpack(ledger: Ledger, need: int, checker: _Checker) -> Placement | None:
+    for _, name in ledger.nodes_from(need):
+        node = ledger.nodes()[name]
+        cards = _fitting(node, need)
+        if cards and checker.passes(name):
+            return _shared(node, min(cards, key=lambda c: c.free), need)
+    return None
+
+
+def _spread(ledger: Ledger, need: int, checker: _Checker) -> Placement | None:
+    for free, name in ledger.nodes_descending():
+        if free < need:
+            break
+        node = ledger.nodes()[name]
+        cards = _fitting(node, need)
+        if cards and checker.passes(name):
+            return _shared(node, max(cards, key=lambda c: (c.free, -c.card.index)), need)
+    return None
+
+
+_MEMORY_POLICIES: dict[Policy, Callable[[Ledger, int, _Checker], Placement | None]] = {
+    Policy.BESTFIT: _bestfit,
+    Policy.FIRSTFIT: _firstfit,
+    Policy.BINPACK: _binpack,
+    Policy.SPREAD: _spread,
+}
+
+
+# -- gpu-number: whole cards ---------------------------------------------------------------
+
+
+def _whole_cards(
+    ledger: Ledger, count: int, policy: Policy, checker: _Checker
+) -> Placement | None:
+    def preference(node: NodeUsage) -> tuple[int, NodeName]:
+        name = node.inventory.node
+        if policy is Policy.BESTFIT:
+            return node.idle_cards, name
+        if policy is Policy.BINPACK:
+            return node.free, name
+        if policy is Policy.SPREAD:
+            return -node.idle_cards, name
+        return 0, name
+
+    candidates = sorted(
+        (n for n in ledger.nodes().values() if n.idle_cards >= count), key=preference
+    )
+    for node in candidates:
+        if not checker.passes(node.inventory.node):
+            continue
+        idle = [c for c in node.cards.values() if c.idle]
+        if policy in (Policy.BESTFIT, Policy.BINPACK):
+            # Smallest cards first: the large ones stay for large requests.
+            idle.sort(key=lambda c: (c.card.memory, c.card.index))
+        else:
+            idle.sort(key=lambda c: c.card.index)
+        chosen = tuple(sorted(c.card.index for c in idle[:count]))
+        return Placement(node=node.inventory.node, cards=chosen, kind=GpuKind.NUMBER,
+                         amount=count, free_after=node.idle_cards - count)
+    return None

@@ -1,0 +1,231 @@
+"""etcd and kube-apiserver on free loopback ports, with TLS, RBAC and an admin kubeconfig.
+
+The flags follow envtest (controller-runtime's test control plane) with two changes for a
+cluster that has no controller-manager: the ServiceAccount admission plugin is off (no
+default ServiceAccount would ever appear) and so is TaintNodesByCondition (nothing would
+ever lift the not-ready taint from fake nodes).
+
+Processes run in their own session so one signal stops each with its children; in tests
+they also die with the test process (PR_SET_PDEATHSIG), so a crashed run leaves nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from gpushare_harness.binaries import Binaries, ensure_binaries
+from gpushare_harness.pki import Pki, write_pki
+
+_START_TIMEOUT_S = 90.0
+_PR_SET_PDEATHSIG = 1
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane did not start; the message carries the end of its log."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Endpoints:
+    apiserver_port: int
+    etcd_client_port: int
+    etcd_peer_port: int
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+
+class ControlPlane:
+    """A running etcd + kube-apiserver under `directory`.
+
+    `start()` blocks until /readyz answers ok; `stop()` ends both. `kubeconfig` holds an
+    admin (system:masters) client certificate.
+    """
+
+    def __init__(self, directory: Path, *, binaries: Binaries | None = None,
+                 die_with_parent: bool = True) -> None:
+        self.directory = directory
+        self.binaries = binaries or ensure_binaries()
+        self.kubeconfig = directory / "kubeconfig"
+        self._die_with_parent = die_with_parent
+        self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.endpoints: Endpoints | None = None
+        self.pki: Pki | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> ControlPlane:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.pki = write_pki(self.directory / "pki")
+        for attempt in range(3):  # a free port can be taken between probing and binding
+            self.endpoints = Endpoints(apiserver_port=_free_port(), etcd_client_port=_free_port(),
+                                       etcd_peer_port=_free_port())
+            try:
+                self._launch()
+                break
+            except ControlPlaneError:
+                self.stop()
+                if attempt == 2:
+                    raise
+        self._write_kubeconfig()
+        return self
+
+    def stop(self) -> None:
+        """Stop kube-apiserver, then etcd (SIGTERM, then SIGKILL after 10 s)."""
+        for name in ("kube-apiserver", "etcd"):
+            process = self._processes.pop(name, None)
+            if process is not None:
+                terminate(process.pid)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=10)
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+
+    def __enter__(self) -> ControlPlane:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def pids(self) -> dict[str, int]:
+        return {name: process.pid for name, process in self._processes.items()}
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _launch(self) -> None:
+        assert self.endpoints is not None and self.pki is not None
+        ports = self.endpoints
+        etcd_data = self.directory / "etcd"
+        etcd_client = f"http://127.0.0.1:{ports.etcd_client_port}"
+        etcd_peer = f"http://127.0.0.1:{ports.etcd_peer_port}"
+        self._spawn("etcd", [
+            str(self.binaries.etcd),
+            f"--data-dir={etcd_data}",
+            f"--listen-client-urls={etcd_client}", f"--advertise-client-urls={etcd_client}",
+            f"--listen-peer-urls={etcd_peer}", f"--initial-advertise-peer-urls={etcd_peer}",
+            f"--initial-cluster=default={etcd_peer}",
+            "--unsafe-no-fsync=true", "--log-level=warn",
+        ])
+        pki = self.pki
+        self._spawn("kube-apiserver", [
+            str(self.binaries.kube_apiserver),
+            f"--etcd-servers={etcd_client}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={ports.apiserver_port}",
+            f"--cert-dir={self.directory / 'pki'}",
+            f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
+            f"--client-ca-file={pki.ca_cert}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            f"--service-account-issuer={ports.server}",
+            f"--service-account-key-file={pki.sa_public}",
+            f"--service-account-signing-key-file={pki.sa_private}",
+            "--authorization-mode=RBAC", "--allow-privileged=true",
+            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+            "--profiling=false",
+        ])
+        self._wait_ready()
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        log = (self.directory / f"{name}.log").open("ab")
+        self._processes[name] = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if self._die_with_parent else None,  # noqa: PLW1509
+        )
+        log.close()
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        assert self.pki is not None
+        context = ssl.create_default_context(cafile=str(self.pki.ca_cert))
+        context.load_cert_chain(str(self.pki.admin_cert), str(self.pki.admin_key))
+        return context
+
+    def _wait_ready(self) -> None:
+        assert self.endpoints is not None
+        context = self._ssl_context()
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        last_error = "no answer yet"
+        while time.monotonic() < deadline:
+            for name, process in self._processes.items():
+                if process.poll() is not None:
+                    raise ControlPlaneError(
+                        f"{name} exited with {process.returncode}:\n{self.log_tail(name)}")
+            try:
+                with urllib.request.urlopen(f"{self.endpoints.server}/readyz", context=context,
+                                            timeout=5) as answer:
+                    if answer.status == 200:
+                        return
+            except (urllib.error.URLError, OSError) as error:
+                last_error = str(error)
+            time.sleep(0.25)
+        raise ControlPlaneError(
+            f"kube-apiserver not ready after {_START_TIMEOUT_S:.0f} s ({last_error}):\n"
+            f"{self.log_tail('kube-apiserver')}")
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        path = self.directory / f"{name}.log"
+        if not path.exists():
+            return "(no log)"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def _write_kubeconfig(self) -> None:
+        assert self.endpoints is not None and self.pki is not None
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "gpushare-local", "cluster": {
+                "server": self.endpoints.server,
+                "certificate-authority": str(self.pki.ca_cert),
+            }}],
+            "users": [{"name": "gpushare-admin", "user": {
+                "client-certificate": str(self.pki.admin_cert),
+                "client-key": str(self.pki.admin_key),
+            }}],
+            "contexts": [{"name": "gpushare-local", "context": {
+                "cluster": "gpushare-local", "user": "gpushare-admin",
+            }}],
+            "current-context": "gpushare-local",
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def describe(self) -> dict[str, object]:
+        """What a person needs to reach it (printed by `gpushare-dev up`)."""
+        assert self.endpoints is not None
+        return {"server": self.endpoints.server, "kubeconfig": str(self.kubeconfig),
+                "pids": self.pids(), "directory": str(self.directory)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.describe(), indent=2)
+
+
+def terminate(pid: int) -> None:
+    """SIGTERM the process group led by `pid`, if it still exists."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGTERM)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
