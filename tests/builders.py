@@ -30,40 +30,57 @@ def gpu_pod(
     annotations = {contract.GPU_INDEX: index} if index is not None else {}
     spec: dict[str, Any] = {
         "schedulerName": contract.DEFAULT_SCHEDULER_NAME,
-        "containers": [{"name": "cuda-container", "image": "nvidia/cuda:9.0-devel",
-                        "resources": {"limits": limits}}],
+        "containers": [
+            {
+                "name": "cuda-container",
+                "image": "nvidia/cuda:9.0-devel",
+                "resources": {"limits": limits},
+            }
+        ],
     }
     if node is not None:
         spec["nodeName"] = node
     return {
-        "metadata": {"name": name, "namespace": namespace, "uid": uid or f"uid-{next(_uids)}",
-                     "annotations": annotations},
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": uid or f"uid-{next(_uids)}",
+            "annotations": annotations,
+        },
         "spec": spec,
         "status": {"phase": phase},
     }
 
 
-def capacity_node(name: str, memory: int, number: int, *,
-                  unhealthy: str | None = None) -> dict[str, Any]:
+def capacity_node(
+    name: str, memory: int, number: int, *, unhealthy: str | None = None
+) -> dict[str, Any]:
     """A node as Volcano's device plugin leaves it: GPU totals in status.capacity."""
     annotations = {contract.GPU_UNHEALTHY_IDS: unhealthy} if unhealthy is not None else {}
     return {
         "metadata": {"name": name, "annotations": annotations},
-        "status": {"capacity": {contract.GPU_MEMORY: str(memory),
-                                contract.GPU_NUMBER: str(number)}},
+        "status": {
+            "capacity": {contract.GPU_MEMORY: str(memory), contract.GPU_NUMBER: str(number)}
+        },
     }
 
 
-def gpunode_resource(name: str, card_mib: list[int], *, unhealthy: tuple[int, ...] = ()
-                     ) -> dict[str, Any]:
+def gpunode_resource(
+    name: str, card_mib: list[int], *, unhealthy: tuple[int, ...] = ()
+) -> dict[str, Any]:
     """A GPUNode resource as the gpushare device plugin writes it."""
     return {
         "metadata": {"name": name},
         "spec": {
             "memoryUnitMiB": 1,
             "cards": [
-                {"index": i, "uuid": f"GPU-{name}-{i}", "model": "NVIDIA test", "memoryMiB": mib,
-                 "health": contract.UNHEALTHY if i in unhealthy else contract.HEALTHY}
+                {
+                    "index": i,
+                    "uuid": f"GPU-{name}-{i}",
+                    "model": "NVIDIA test",
+                    "memoryMiB": mib,
+                    "health": contract.UNHEALTHY if i in unhealthy else contract.HEALTHY,
+                }
                 for i, mib in enumerate(card_mib)
             ],
         },

@@ -61,13 +61,17 @@ def ensure_binaries(*, log: bool = True) -> Binaries:
         return binaries
     go = shutil.which("go")
     if go is None:
-        raise BuildError("the Go toolchain (go >= 1.26) is needed to build kube-apiserver and "
-                         "etcd; install it and put `go` on PATH")
+        raise BuildError(
+            "the Go toolchain (go >= 1.26) is needed to build kube-apiserver and "
+            "etcd; install it and put `go` on PATH"
+        )
     version = kubernetes_version()
     major, minor = version.lstrip("v").split(".")[:2]
-    ldflags = (f"-s -w -X k8s.io/component-base/version.gitVersion={version} "
-               f"-X k8s.io/component-base/version.gitMajor={major} "
-               f"-X k8s.io/component-base/version.gitMinor={minor}")
+    ldflags = (
+        f"-s -w -X k8s.io/component-base/version.gitVersion={version} "
+        f"-X k8s.io/component-base/version.gitMajor={major} "
+        f"-X k8s.io/component-base/version.gitMinor={minor}"
+    )
     builds = {
         binaries.kube_apiserver: "k8s.io/kubernetes/cmd/kube-apiserver",
         binaries.etcd: "go.etcd.io/etcd/server/v3",
@@ -81,8 +85,11 @@ def ensure_binaries(*, log: bool = True) -> Binaries:
         partial = target.with_suffix(".partial")
         result = subprocess.run(
             [go, "build", "-trimpath", "-ldflags", ldflags, "-o", str(partial), package],
-            cwd=GO_MODULE, env={**os.environ, "CGO_ENABLED": "0"},
-            capture_output=True, text=True, check=False,
+            cwd=GO_MODULE,
+            env={**os.environ, "CGO_ENABLED": "0"},
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if result.returncode != 0:
             raise BuildError(f"building {package} failed:\n{result.stderr[-4000:]}")

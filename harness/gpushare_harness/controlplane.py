@@ -56,8 +56,9 @@ class ControlPlane:
     admin (system:masters) client certificate.
     """
 
-    def __init__(self, directory: Path, *, binaries: Binaries | None = None,
-                 die_with_parent: bool = True) -> None:
+    def __init__(
+        self, directory: Path, *, binaries: Binaries | None = None, die_with_parent: bool = True
+    ) -> None:
         self.directory = directory
         self.binaries = binaries or ensure_binaries()
         self.kubeconfig = directory / "kubeconfig"
@@ -72,8 +73,11 @@ class ControlPlane:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.pki = write_pki(self.directory / "pki")
         for attempt in range(3):  # a free port can be taken between probing and binding
-            self.endpoints = Endpoints(apiserver_port=_free_port(), etcd_client_port=_free_port(),
-                                       etcd_peer_port=_free_port())
+            self.endpoints = Endpoints(
+                apiserver_port=_free_port(),
+                etcd_client_port=_free_port(),
+                etcd_peer_port=_free_port(),
+            )
             try:
                 self._launch()
                 break
@@ -108,42 +112,58 @@ class ControlPlane:
     # -- internals -----------------------------------------------------------------------
 
     def _launch(self) -> None:
-        assert self.endpoints is not None and self.pki is not None
+        assert self.endpoints is not None
+        assert self.pki is not None
         ports = self.endpoints
         etcd_data = self.directory / "etcd"
         etcd_client = f"http://127.0.0.1:{ports.etcd_client_port}"
         etcd_peer = f"http://127.0.0.1:{ports.etcd_peer_port}"
-        self._spawn("etcd", [
-            str(self.binaries.etcd),
-            f"--data-dir={etcd_data}",
-            f"--listen-client-urls={etcd_client}", f"--advertise-client-urls={etcd_client}",
-            f"--listen-peer-urls={etcd_peer}", f"--initial-advertise-peer-urls={etcd_peer}",
-            f"--initial-cluster=default={etcd_peer}",
-            "--unsafe-no-fsync=true", "--log-level=warn",
-        ])
+        self._spawn(
+            "etcd",
+            [
+                str(self.binaries.etcd),
+                f"--data-dir={etcd_data}",
+                f"--listen-client-urls={etcd_client}",
+                f"--advertise-client-urls={etcd_client}",
+                f"--listen-peer-urls={etcd_peer}",
+                f"--initial-advertise-peer-urls={etcd_peer}",
+                f"--initial-cluster=default={etcd_peer}",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+        )
         pki = self.pki
-        self._spawn("kube-apiserver", [
-            str(self.binaries.kube_apiserver),
-            f"--etcd-servers={etcd_client}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-            f"--secure-port={ports.apiserver_port}",
-            f"--cert-dir={self.directory / 'pki'}",
-            f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
-            f"--client-ca-file={pki.ca_cert}",
-            "--service-cluster-ip-range=10.0.0.0/24",
-            f"--service-account-issuer={ports.server}",
-            f"--service-account-key-file={pki.sa_public}",
-            f"--service-account-signing-key-file={pki.sa_private}",
-            "--authorization-mode=RBAC", "--allow-privileged=true",
-            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
-            "--profiling=false",
-        ])
+        self._spawn(
+            "kube-apiserver",
+            [
+                str(self.binaries.kube_apiserver),
+                f"--etcd-servers={etcd_client}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={ports.apiserver_port}",
+                f"--cert-dir={self.directory / 'pki'}",
+                f"--tls-cert-file={pki.serving_cert}",
+                f"--tls-private-key-file={pki.serving_key}",
+                f"--client-ca-file={pki.ca_cert}",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                f"--service-account-issuer={ports.server}",
+                f"--service-account-key-file={pki.sa_public}",
+                f"--service-account-signing-key-file={pki.sa_private}",
+                "--authorization-mode=RBAC",
+                "--allow-privileged=true",
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                "--profiling=false",
+            ],
+        )
         self._wait_ready()
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = (self.directory / f"{name}.log").open("ab")
         self._processes[name] = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
             preexec_fn=_die_with_parent if self._die_with_parent else None,  # noqa: PLW1509
         )
@@ -164,10 +184,13 @@ class ControlPlane:
             for name, process in self._processes.items():
                 if process.poll() is not None:
                     raise ControlPlaneError(
-                        f"{name} exited with {process.returncode}:\n{self.log_tail(name)}")
+                        f"{name} exited with {process.returncode}:\n{self.log_tail(name)}"
+                    )
             try:
-                with urllib.request.urlopen(f"{self.endpoints.server}/readyz", context=context,
-                                            timeout=5) as answer:
+                # https to our own loopback apiserver only.
+                with urllib.request.urlopen(  # noqa: S310
+                    f"{self.endpoints.server}/readyz", context=context, timeout=5
+                ) as answer:
                     if answer.status == 200:
                         return
             except (urllib.error.URLError, OSError) as error:
@@ -175,7 +198,8 @@ class ControlPlane:
             time.sleep(0.25)
         raise ControlPlaneError(
             f"kube-apiserver not ready after {_START_TIMEOUT_S:.0f} s ({last_error}):\n"
-            f"{self.log_tail('kube-apiserver')}")
+            f"{self.log_tail('kube-apiserver')}"
+        )
 
     def log_tail(self, name: str, lines: int = 30) -> str:
         path = self.directory / f"{name}.log"
@@ -184,21 +208,38 @@ class ControlPlane:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
     def _write_kubeconfig(self) -> None:
-        assert self.endpoints is not None and self.pki is not None
+        assert self.endpoints is not None
+        assert self.pki is not None
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "gpushare-local", "cluster": {
-                "server": self.endpoints.server,
-                "certificate-authority": str(self.pki.ca_cert),
-            }}],
-            "users": [{"name": "gpushare-admin", "user": {
-                "client-certificate": str(self.pki.admin_cert),
-                "client-key": str(self.pki.admin_key),
-            }}],
-            "contexts": [{"name": "gpushare-local", "context": {
-                "cluster": "gpushare-local", "user": "gpushare-admin",
-            }}],
+            "clusters": [
+                {
+                    "name": "gpushare-local",
+                    "cluster": {
+                        "server": self.endpoints.server,
+                        "certificate-authority": str(self.pki.ca_cert),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": "gpushare-admin",
+                    "user": {
+                        "client-certificate": str(self.pki.admin_cert),
+                        "client-key": str(self.pki.admin_key),
+                    },
+                }
+            ],
+            "contexts": [
+                {
+                    "name": "gpushare-local",
+                    "context": {
+                        "cluster": "gpushare-local",
+                        "user": "gpushare-admin",
+                    },
+                }
+            ],
             "current-context": "gpushare-local",
         }
         self.kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -206,17 +247,21 @@ class ControlPlane:
     def describe(self) -> dict[str, object]:
         """What a person needs to reach it (printed by `gpushare-dev up`)."""
         assert self.endpoints is not None
-        return {"server": self.endpoints.server, "kubeconfig": str(self.kubeconfig),
-                "pids": self.pids(), "directory": str(self.directory)}
+        return {
+            "server": self.endpoints.server,
+            "kubeconfig": str(self.kubeconfig),
+            "pids": self.pids(),
+            "directory": str(self.directory),
+        }
 
     def to_json(self) -> str:
         return json.dumps(self.describe(), indent=2)
 
 
-def terminate(pid: int) -> None:
-    """SIGTERM the process group led by `pid`, if it still exists."""
+def terminate(pid: int, signal_number: int = signal.SIGTERM) -> None:
+    """Signal the process group led by `pid`, if it still exists."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGTERM)
+        os.killpg(pid, signal_number)
 
 
 def _free_port() -> int:

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes_asyncio import client
-
+from gpushare.kube import raw_json
 from gpushare.model import contract
+from kubernetes_asyncio import client
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,7 +26,7 @@ class FakeGpuNode:
     unschedulable: bool = False
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
-    taints: list[dict[str, str]] = field(default_factory=list)
+    taints: list[client.V1Taint] = field(default_factory=list)
 
     def capacity(self) -> dict[str, str]:
         resources = {"cpu": self.cpu, "memory": self.memory, "pods": self.pods}
@@ -39,23 +39,30 @@ class FakeGpuNode:
 async def create_gpu_node(api: client.CoreV1Api, node: FakeGpuNode) -> dict[str, Any]:
     """Create `node` and publish its status; returns the node as the apiserver stores it."""
     labels = {"kubernetes.io/hostname": node.name, **node.labels}
-    await api.create_node(client.V1Node(
-        metadata=client.V1ObjectMeta(name=node.name, labels=labels,
-                                     annotations=node.annotations or None),
-        spec=client.V1NodeSpec(unschedulable=node.unschedulable or None,
-                               taints=node.taints or None),
-    ))
-    status = {"status": {
-        "capacity": node.capacity(),
-        "allocatable": node.capacity(),
-        "conditions": [{
-            "type": "Ready",
-            "status": "True" if node.ready else "False",
-            "reason": "KubeletReady" if node.ready else "KubeletNotReady",
-            "message": "fake node of the gpushare harness",
-        }],
-        "addresses": [{"type": "Hostname", "address": node.name}],
-    }}
-    response = await api.patch_node_status(node.name, status, _preload_content=False)
-    stored: dict[str, Any] = await response.json()
-    return stored
+    await api.create_node(
+        client.V1Node(
+            metadata=client.V1ObjectMeta(
+                name=node.name, labels=labels, annotations=node.annotations or None
+            ),
+            spec=client.V1NodeSpec(
+                unschedulable=node.unschedulable or None,
+                taints=node.taints or None,
+            ),
+        )
+    )
+    status = {
+        "status": {
+            "capacity": node.capacity(),
+            "allocatable": node.capacity(),
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True" if node.ready else "False",
+                    "reason": "KubeletReady" if node.ready else "KubeletNotReady",
+                    "message": "fake node of the gpushare harness",
+                }
+            ],
+            "addresses": [{"type": "Hostname", "address": node.name}],
+        }
+    }
+    return await raw_json(api.patch_node_status(node.name, status, _preload_content=False))

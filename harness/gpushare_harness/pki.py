@@ -44,10 +44,17 @@ def write_pki(directory: Path) -> Pki:
         .not_valid_after(now + _VALIDITY)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(
-            x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                          content_commitment=False, key_encipherment=False,
-                          data_encipherment=False, key_agreement=False,
-                          encipher_only=False, decipher_only=False),
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
             critical=True,
         )
         .sign(ca_key, hashes.SHA256())
@@ -70,10 +77,12 @@ def write_pki(directory: Path) -> Pki:
         )
         if server:
             builder = builder.add_extension(
-                x509.SubjectAlternativeName([
-                    x509.DNSName("localhost"),
-                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                ]),
+                x509.SubjectAlternativeName(
+                    [
+                        x509.DNSName("localhost"),
+                        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                    ]
+                ),
                 critical=False,
             ).add_extension(
                 x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
@@ -102,15 +111,19 @@ def write_pki(directory: Path) -> Pki:
     admin_cert, admin_key = leaf("gpushare-admin", "system:masters", server=False)
     pki.admin_cert.write_bytes(admin_cert)
     _write_secret(pki.admin_key, admin_key)
-    pki.sa_public.write_bytes(sa_key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    pki.sa_public.write_bytes(
+        sa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
     _write_secret(pki.sa_private, _private_pem(sa_key))
     return pki
 
 
 def _private_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _write_secret(path: Path, data: bytes) -> None:

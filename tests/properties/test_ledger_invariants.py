@@ -5,9 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from builders import capacity_node, gpu_pod, gpunode_resource
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from gpushare.model import (
     Allocation,
     GpuKind,
@@ -22,6 +19,8 @@ from gpushare.model import (
     place,
     pod_ref,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 CARD_SIZES = st.sampled_from([1000, 11178, 16384, 40960, 81559])
 
@@ -33,8 +32,9 @@ def inventories(draw: st.DrawFn) -> list[NodeInventory]:
         sizes = draw(st.lists(CARD_SIZES, min_size=1, max_size=4))
         unhealthy = tuple(draw(st.sets(st.integers(0, len(sizes) - 1), max_size=1)))
         name = f"node-{n}"
-        inventory = node_inventory(capacity_node(name, 0, 0),
-                                   gpunode_resource(name, sizes, unhealthy=unhealthy))
+        inventory = node_inventory(
+            capacity_node(name, 0, 0), gpunode_resource(name, sizes, unhealthy=unhealthy)
+        )
         assert inventory is not None
         found.append(inventory)
     return found
@@ -52,14 +52,19 @@ class Release:
 
 
 REQUESTS = st.one_of(
-    st.builds(lambda units: PodRequest(kind=GpuKind.MEMORY, total=units, containers=()),
-              st.integers(1, 45000)),
-    st.builds(lambda count: PodRequest(kind=GpuKind.NUMBER, total=count, containers=()),
-              st.integers(1, 3)),
+    st.builds(
+        lambda units: PodRequest(kind=GpuKind.MEMORY, total=units, containers=()),
+        st.integers(1, 45000),
+    ),
+    st.builds(
+        lambda count: PodRequest(kind=GpuKind.NUMBER, total=count, containers=()), st.integers(1, 3)
+    ),
 )
 STEPS = st.lists(
-    st.one_of(st.builds(Place, REQUESTS, st.sampled_from(list(Policy))),
-              st.builds(Release, st.integers(0, 1000))),
+    st.one_of(
+        st.builds(Place, REQUESTS, st.sampled_from(list(Policy))),
+        st.builds(Release, st.integers(0, 1000)),
+    ),
     max_size=40,
 )
 
@@ -82,9 +87,14 @@ def snapshot(ledger: Ledger) -> dict[tuple[str, int], tuple[int, int, frozenset[
 def as_pod(allocation: Allocation) -> dict[str, object]:
     memory = allocation.amount if allocation.kind is GpuKind.MEMORY else None
     number = allocation.amount if allocation.kind is GpuKind.NUMBER else None
-    return gpu_pod(allocation.pod.name, memory, number=number, node=allocation.node,
-                   index=allocation.annotations()["volcano.sh/gpu-index"],
-                   uid=allocation.pod.uid)
+    return gpu_pod(
+        allocation.pod.name,
+        memory,
+        number=number,
+        node=allocation.node,
+        index=allocation.annotations()["volcano.sh/gpu-index"],
+        uid=allocation.pod.uid,
+    )
 
 
 def check_invariants(ledger: Ledger) -> None:
@@ -93,7 +103,8 @@ def check_invariants(ledger: Ledger) -> None:
             assert card.used <= card.card.memory, "a card is overcommitted"
             assert card.free >= 0
             if card.exclusive:
-                assert card.exclusive == 1 and len(card.pods) == 1, "a whole card is shared"
+                assert card.exclusive == 1, "a whole card is held twice"
+                assert len(card.pods) == 1, "a whole card is shared"
                 assert card.used == 0
 
 
@@ -118,7 +129,8 @@ def test_no_sequence_overcommits_a_card_or_shares_a_whole_one(
     rebuilt = fresh(nodes)
     for allocation in ledger.allocations():
         claim = claim_of(as_pod(allocation))
-        assert claim.problem is None and claim.allocation == allocation
+        assert claim.problem is None
+        assert claim.allocation == allocation
         rebuilt.add(claim.allocation)
     assert snapshot(rebuilt) == snapshot(ledger), "annotations do not reproduce the usage"
 
@@ -143,7 +155,9 @@ def test_bestfit_leaves_no_more_free_memory_than_firstfit_and_is_the_true_optimu
         # The indexed walk finds exactly what scoring every card would.
         scored = min(
             (card.free - need, name, index)
-            for name, usage in ledger.nodes().items() if usage.free >= need
-            for index, card in usage.cards.items() if card.shareable and card.free >= need
+            for name, usage in ledger.nodes().items()
+            if usage.free >= need
+            for index, card in usage.cards.items()
+            if card.shareable and card.free >= need
         )
         assert (best.free_after, best.node, best.cards[0]) == scored

@@ -20,7 +20,7 @@ def parse_card_indices(value: str, *, key: str, owner: str) -> tuple[CardIndex, 
     if _INDEX_LIST.fullmatch(value) is None:
         raise InvalidAnnotation(
             f"{owner}: annotation {key}={value!r} is not a comma list of card indices "
-            f"such as \"0\" or \"0,5\"; correct or remove it"
+            f'such as "0" or "0,5"; correct or remove it'
         )
     indices = tuple(CardIndex(int(part)) for part in value.split(","))
     if len(set(indices)) != len(indices):

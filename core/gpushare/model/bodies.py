@@ -41,7 +41,7 @@ def path(body: Body, *keys: str) -> Body:
     return body
 
 
-def annotations(body: Body) -> Mapping[str, str]:
+def annotations_of(body: Body) -> Mapping[str, str]:
     """metadata.annotations with non-string values left out."""
     raw = path(body, "metadata", "annotations")
     return {key: value for key, value in raw.items() if isinstance(value, str)}

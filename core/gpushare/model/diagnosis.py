@@ -47,8 +47,10 @@ class CardVerdict:
 
     def __str__(self) -> str:
         if self.problem is CardProblem.TOO_LITTLE_MEMORY:
-            return (f"card {self.card} {_amount(self.free, self.unit_mib)} free < "
-                    f"{_amount(self.need, self.unit_mib)}")
+            return (
+                f"card {self.card} {_amount(self.free, self.unit_mib)} free < "
+                f"{_amount(self.need, self.unit_mib)}"
+            )
         return f"card {self.card} {self.problem.value}"
 
 
@@ -84,8 +86,10 @@ class Diagnosis:
 
     def summary(self, limit: int = MAX_MESSAGE) -> str:
         counts = Counter(verdict.label for verdict in self.nodes)
-        histogram = ", ".join(f"{n} {label}" for label, n in
-                              sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+        histogram = ", ".join(
+            f"{n} {label}"
+            for label, n in sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+        )
         head = f"0/{len(self.nodes)} nodes are available"
         head += f": {histogram}." if histogram else "."
         return _truncate(head, [str(verdict) for verdict in self.nodes], limit)
@@ -124,19 +128,24 @@ def _memory_verdict(usage: NodeUsage, need: int) -> NodeVerdict:
         if problem is None and card.free < need:
             problem = CardProblem.TOO_LITTLE_MEMORY
         if problem is not None:
-            cards.append(CardVerdict(card=index, problem=problem, free=card.free, need=need,
-                                     unit_mib=unit))
+            cards.append(
+                CardVerdict(card=index, problem=problem, free=card.free, need=need, unit_mib=unit)
+            )
     closeness = max((c.free for c in usage.cards.values() if c.shareable), default=0)
     name = usage.inventory.node
     if len(cards) < len(usage.cards):
         # A card fits, but memory held by pods without a card leaves the node short.
-        detail = (f"{_amount(usage.free, unit)} free on the node after "
-                  f"{_amount(usage.unattributed_memory, unit)} held by pods without "
-                  f"a valid gpu-index < {_amount(need, unit)}")
-        return NodeVerdict(node=name, problem=NodeProblem.NODE_TOTAL, detail=detail,
-                           closeness=closeness)
-    return NodeVerdict(node=name, problem=NodeProblem.NO_CARD_FITS, cards=tuple(cards),
-                       closeness=closeness)
+        detail = (
+            f"{_amount(usage.free, unit)} free on the node after "
+            f"{_amount(usage.unattributed_memory, unit)} held by pods without "
+            f"a valid gpu-index < {_amount(need, unit)}"
+        )
+        return NodeVerdict(
+            node=name, problem=NodeProblem.NODE_TOTAL, detail=detail, closeness=closeness
+        )
+    return NodeVerdict(
+        node=name, problem=NodeProblem.NO_CARD_FITS, cards=tuple(cards), closeness=closeness
+    )
 
 
 def _whole_card_verdict(usage: NodeUsage, need: int) -> NodeVerdict:
@@ -146,8 +155,13 @@ def _whole_card_verdict(usage: NodeUsage, need: int) -> NodeVerdict:
         if problem is not None:
             cards.append(CardVerdict(card=index, problem=problem))
     detail = f"{usage.idle_cards} idle < {need} cards"
-    return NodeVerdict(node=usage.inventory.node, problem=NodeProblem.TOO_FEW_IDLE_CARDS,
-                       detail=detail, cards=tuple(cards), closeness=usage.idle_cards)
+    return NodeVerdict(
+        node=usage.inventory.node,
+        problem=NodeProblem.TOO_FEW_IDLE_CARDS,
+        detail=detail,
+        cards=tuple(cards),
+        closeness=usage.idle_cards,
+    )
 
 
 def _card_problem(card: CardUsage) -> CardProblem | None:
@@ -164,8 +178,11 @@ def _grouped(cards: tuple[CardVerdict, ...]) -> list[str]:
     runs: list[list[CardVerdict]] = []
     for card in cards:
         last = runs[-1][-1] if runs else None
-        if (last is not None and card.card == last.card + 1
-                and (card.problem, card.free) == (last.problem, last.free)):
+        if (
+            last is not None
+            and card.card == last.card + 1
+            and (card.problem, card.free) == (last.problem, last.free)
+        ):
             runs[-1].append(card)
         else:
             runs.append([card])

@@ -1,10 +1,10 @@
 """The one error tree of the model.
 
-    GpuShareError                 every error the model raises; never a bare ValueError/KeyError
+    GpuShareError                 every error the model raises (never a bare ValueError)
     ├── InvalidQuantity           a GPU resource quantity that is not a whole, non-negative number
     ├── InvalidRequest            a pod whose GPU request cannot be served as written
-    ├── InvalidAnnotation         a volcano.sh/* annotation that does not parse or names a bad card
-    └── InvalidInventory          a node's GPU inventory (capacity or inventory resource) is unusable
+    ├── InvalidAnnotation         a volcano.sh/* annotation that does not parse
+    └── InvalidInventory          a node's GPU inventory (capacity or GPUNode) is unusable
 
 Each message names the object it is about and says what to change.
 """

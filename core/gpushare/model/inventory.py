@@ -19,7 +19,7 @@ from typing import NewType
 
 from gpushare.model import contract
 from gpushare.model.annotations import CardIndex, parse_card_indices
-from gpushare.model.bodies import Body, annotations, describe, mapping, path, sequence, text
+from gpushare.model.bodies import Body, annotations_of, describe, path, sequence, text
 from gpushare.model.errors import InvalidInventory
 from gpushare.model.quantity import parse_quantity
 
@@ -71,13 +71,18 @@ def node_inventory(node: Body, resource: Body | None = None) -> NodeInventory | 
         inventory = _from_capacity(name, path(node, "status", "capacity"), who)
     if inventory is None:
         return None
-    unhealthy = annotations(node).get(contract.GPU_UNHEALTHY_IDS, "")
+    unhealthy = annotations_of(node).get(contract.GPU_UNHEALTHY_IDS, "")
     if unhealthy:
         marked = set(parse_card_indices(unhealthy, key=contract.GPU_UNHEALTHY_IDS, owner=who))
         # Indices of cards the node no longer has are stale, not harmful: ignored.
         cards = tuple(
-            Card(index=c.index, memory=c.memory, healthy=c.healthy and c.index not in marked,
-                 uuid=c.uuid, model=c.model)
+            Card(
+                index=c.index,
+                memory=c.memory,
+                healthy=c.healthy and c.index not in marked,
+                uuid=c.uuid,
+                model=c.model,
+            )
             for c in inventory.cards
         )
         inventory = NodeInventory(
@@ -87,10 +92,12 @@ def node_inventory(node: Body, resource: Body | None = None) -> NodeInventory | 
 
 
 def _from_capacity(name: NodeName, capacity: Body, who: str) -> NodeInventory | None:
-    memory = parse_quantity(capacity.get(contract.GPU_MEMORY, 0), resource=contract.GPU_MEMORY,
-                            owner=f"{who} capacity")
-    number = parse_quantity(capacity.get(contract.GPU_NUMBER, 0), resource=contract.GPU_NUMBER,
-                            owner=f"{who} capacity")
+    memory = parse_quantity(
+        capacity.get(contract.GPU_MEMORY, 0), resource=contract.GPU_MEMORY, owner=f"{who} capacity"
+    )
+    number = parse_quantity(
+        capacity.get(contract.GPU_NUMBER, 0), resource=contract.GPU_NUMBER, owner=f"{who} capacity"
+    )
     if number == 0:
         if memory == 0:
             return None
@@ -107,9 +114,7 @@ def _from_capacity(name: NodeName, capacity: Body, who: str) -> NodeInventory | 
         )
     # A node of Volcano's number strategy shows gpu-memory 0: whole cards only.
     per_card = memory // number
-    cards = tuple(
-        Card(index=CardIndex(i), memory=per_card, healthy=True) for i in range(number)
-    )
+    cards = tuple(Card(index=CardIndex(i), memory=per_card, healthy=True) for i in range(number))
     return NodeInventory(node=name, cards=cards, unit_mib=1, source=InventorySource.CAPACITY)
 
 
@@ -123,16 +128,21 @@ def _from_resource(name: NodeName, spec: Body) -> NodeInventory | None:
     for position, raw in enumerate(sequence(spec.get("cards"))):
         card = _card(raw, unit, f"{who} spec.cards[{position}]")
         if card.uuid in seen_uuids:
-            raise InvalidInventory(f"{who}: card UUID {card.uuid} appears twice; each card "
-                                   f"must be listed once")
+            raise InvalidInventory(
+                f"{who}: card UUID {card.uuid} appears twice; each card must be listed once"
+            )
         seen_uuids.add(card.uuid or "")
         cards.append(card)
     if len({c.index for c in cards}) != len(cards):
         raise InvalidInventory(f"{who}: a card index appears twice; each card must be listed once")
     if not cards:
         return None
-    return NodeInventory(node=name, cards=tuple(sorted(cards, key=lambda c: c.index)),
-                         unit_mib=unit, source=InventorySource.RESOURCE)
+    return NodeInventory(
+        node=name,
+        cards=tuple(sorted(cards, key=lambda c: c.index)),
+        unit_mib=unit,
+        source=InventorySource.RESOURCE,
+    )
 
 
 def _card(raw: Body, unit: int, who: str) -> Card:
@@ -150,5 +160,10 @@ def _card(raw: Body, unit: int, who: str) -> Card:
         raise InvalidInventory(
             f"{who}: health {health!r} must be {contract.HEALTHY!r} or {contract.UNHEALTHY!r}"
         )
-    return Card(index=CardIndex(index), memory=mib // unit, healthy=health == contract.HEALTHY,
-                uuid=uuid, model=text(raw.get("model")))
+    return Card(
+        index=CardIndex(index),
+        memory=mib // unit,
+        healthy=health == contract.HEALTHY,
+        uuid=uuid,
+        model=text(raw.get("model")),
+    )

@@ -49,8 +49,9 @@ class Placement:
     """MEMORY: units left free on the card. NUMBER: idle cards left on the node."""
 
     def allocation(self, pod: PodRef) -> Allocation:
-        return Allocation(pod=pod, node=self.node, kind=self.kind, cards=self.cards,
-                          amount=self.amount)
+        return Allocation(
+            pod=pod, node=self.node, kind=self.kind, cards=self.cards, amount=self.amount
+        )
 
 
 class _Checker:
@@ -93,8 +94,13 @@ def place(
 
 
 def _shared(node: NodeUsage, card: CardUsage, need: int) -> Placement:
-    return Placement(node=node.inventory.node, cards=(card.card.index,), kind=GpuKind.MEMORY,
-                     amount=need, free_after=card.free - need)
+    return Placement(
+        node=node.inventory.node,
+        cards=(card.card.index,),
+        kind=GpuKind.MEMORY,
+        amount=need,
+        free_after=card.free - need,
+    )
 
 
 def _fitting(node: NodeUsage, need: int) -> list[CardUsage]:
@@ -152,9 +158,7 @@ _MEMORY_POLICIES: dict[Policy, Callable[[Ledger, int, _Checker], Placement | Non
 # -- gpu-number: whole cards ---------------------------------------------------------------
 
 
-def _whole_cards(
-    ledger: Ledger, count: int, policy: Policy, checker: _Checker
-) -> Placement | None:
+def _whole_cards(ledger: Ledger, count: int, policy: Policy, checker: _Checker) -> Placement | None:
     def preference(node: NodeUsage) -> tuple[int, NodeName]:
         name = node.inventory.node
         if policy is Policy.BESTFIT:
@@ -178,6 +182,11 @@ def _whole_cards(
         else:
             idle.sort(key=lambda c: c.card.index)
         chosen = tuple(sorted(c.card.index for c in idle[:count]))
-        return Placement(node=node.inventory.node, cards=chosen, kind=GpuKind.NUMBER,
-                         amount=count, free_after=node.idle_cards - count)
+        return Placement(
+            node=node.inventory.node,
+            cards=chosen,
+            kind=GpuKind.NUMBER,
+            amount=count,
+            free_after=node.idle_cards - count,
+        )
     return None

@@ -50,7 +50,9 @@ def parse_quantity(value: object, *, resource: str, owner: str) -> int:
 def _parse_text(raw: str, where: str) -> int:
     match = _QUANTITY.fullmatch(raw)
     if match is None:
-        raise InvalidQuantity(f"{where} is not a Kubernetes quantity; write a whole number such as 1024")
+        raise InvalidQuantity(
+            f"{where} is not a Kubernetes quantity; write a whole number such as 1024"
+        )
     suffix = match["suffix"]
     if suffix in _BINARY_SUFFIXES:
         raise InvalidQuantity(

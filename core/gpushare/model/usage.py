@@ -27,7 +27,7 @@ from typing import NewType, TypeVar
 
 from gpushare.model import contract
 from gpushare.model.annotations import CardIndex, format_card_indices, parse_card_indices
-from gpushare.model.bodies import Body, annotations, describe, path, text
+from gpushare.model.bodies import Body, annotations_of, describe, path, text
 from gpushare.model.errors import GpuShareError
 from gpushare.model.inventory import Card, NodeInventory, NodeName
 from gpushare.model.request import GpuKind, gpu_request
@@ -97,15 +97,18 @@ def claim_of(pod: Body) -> PodClaim:
     if request.kind is None:
         return PodClaim(allocation=None)
     ref = pod_ref(pod)
-    raw_index = annotations(pod).get(contract.GPU_INDEX)
+    who = describe(pod, "pod")
+    raw_index = annotations_of(pod).get(contract.GPU_INDEX)
     problem = None
     cards: tuple[CardIndex, ...] = ()
     if raw_index is None:
-        problem = (f"{describe(pod, 'pod')} holds {request.kind.value} on node {node} without "
-                   f"{contract.GPU_INDEX}; counted against the node total only")
+        problem = (
+            f"{who} holds {request.kind.value} on node {node} without "
+            f"{contract.GPU_INDEX}; counted against the node total only"
+        )
     else:
         try:
-            cards = parse_card_indices(raw_index, key=contract.GPU_INDEX, owner=describe(pod, "pod"))
+            cards = parse_card_indices(raw_index, key=contract.GPU_INDEX, owner=who)
         except GpuShareError as error:
             problem = f"{error}; counted against the node total only"
     allocation = Allocation(

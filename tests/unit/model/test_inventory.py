@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from gpushare.model import (
     InvalidAnnotation,
     InvalidInventory,
@@ -18,8 +17,10 @@ from gpushare.model import (
 
 def node(capacity: dict[str, Any] | None = None, unhealthy: str | None = None) -> dict[str, Any]:
     annotations = {contract.GPU_UNHEALTHY_IDS: unhealthy} if unhealthy is not None else {}
-    return {"metadata": {"name": "gpu-1", "annotations": annotations},
-            "status": {"capacity": capacity or {}}}
+    return {
+        "metadata": {"name": "gpu-1", "annotations": annotations},
+        "status": {"capacity": capacity or {}},
+    }
 
 
 def gpunode(cards: list[dict[str, Any]], unit: object = 1) -> dict[str, Any]:
@@ -27,8 +28,13 @@ def gpunode(cards: list[dict[str, Any]], unit: object = 1) -> dict[str, Any]:
 
 
 def card(index: int, mib: int = 81559, uuid: str | None = None, **extra: Any) -> dict[str, Any]:
-    return {"index": index, "uuid": uuid or f"GPU-{index}", "model": "NVIDIA H100",
-            "memoryMiB": mib, **extra}
+    return {
+        "index": index,
+        "uuid": uuid or f"GPU-{index}",
+        "model": "NVIDIA H100",
+        "memoryMiB": mib,
+        **extra,
+    }
 
 
 GUIDE_CAPACITY = {contract.GPU_MEMORY: "89424", contract.GPU_NUMBER: "8"}
@@ -94,7 +100,9 @@ def test_the_gpunode_resource_gives_heterogeneous_cards_their_own_size() -> None
     assert inventory is not None
     assert inventory.source is InventorySource.RESOURCE
     assert [(c.index, c.memory, c.uuid) for c in inventory.cards] == [
-        (0, 81559, "GPU-0"), (1, 40960, "GPU-1")]
+        (0, 81559, "GPU-0"),
+        (1, 40960, "GPU-1"),
+    ]
 
 
 def test_the_resource_counts_memory_in_its_unit() -> None:
@@ -123,11 +131,21 @@ def test_resource_health_and_node_annotation_both_count() -> None:
         ([card(0)], 0, "memoryUnitMiB 0"),
         ([card(0)], True, "memoryUnitMiB True"),
     ],
-    ids=["duplicate uuid", "duplicate index", "missing uuid", "zero memory", "negative index",
-         "string index", "unknown health", "zero unit", "bool unit"],
+    ids=[
+        "duplicate uuid",
+        "duplicate index",
+        "missing uuid",
+        "zero memory",
+        "negative index",
+        "string index",
+        "unknown health",
+        "zero unit",
+        "bool unit",
+    ],
 )
-def test_inconsistent_resources_are_refused(cards: list[dict[str, Any]], unit: object,
-                                            hint: str) -> None:
+def test_inconsistent_resources_are_refused(
+    cards: list[dict[str, Any]], unit: object, hint: str
+) -> None:
     with pytest.raises(InvalidInventory, match="GPUNode gpu-1") as caught:
         node_inventory(node(), gpunode(cards, unit=unit))
     assert hint in str(caught.value)

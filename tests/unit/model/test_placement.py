@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from builders import capacity_node, gpu_pod, gpunode_resource
-
 from gpushare.model import (
     Diagnosis,
     GpuKind,
@@ -146,8 +145,9 @@ def test_unhealthy_cards_are_skipped_with_the_reason() -> None:
 
 def test_the_issue_example_reads_like_a_scheduler_message() -> None:
     ledger = cluster({"node-a": [1536, 4096]}, gpu_pod("x", 1024, node="node-a", index="0"))
-    inventory = node_inventory(capacity_node("node-a", 0, 0), gpunode_resource(
-        "node-a", [1536, 4096], unhealthy=(1,)))
+    inventory = node_inventory(
+        capacity_node("node-a", 0, 0), gpunode_resource("node-a", [1536, 4096], unhealthy=(1,))
+    )
     assert inventory is not None
     ledger.set_node(inventory)
     ledger.set_node_without_gpu(NodeName("node-b"))

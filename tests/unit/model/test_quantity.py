@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from gpushare.model import InvalidQuantity, contract, parse_quantity
 
 
@@ -21,7 +20,7 @@ from gpushare.model import InvalidQuantity, contract, parse_quantity
         ("1E3", 1000),
         ("3M", 3_000_000),
     ],
-    ids=lambda value: repr(value),
+    ids=repr,
 )
 def test_whole_quantities_are_read_in_devices(raw: object, expected: int) -> None:
     assert parse_quantity(raw, resource=contract.GPU_MEMORY, owner="pod d/p") == expected
@@ -45,7 +44,7 @@ def test_whole_quantities_are_read_in_devices(raw: object, expected: int) -> Non
         (True, "not a quantity"),
         (None, "not a quantity"),
     ],
-    ids=lambda value: repr(value),
+    ids=repr,
 )
 def test_bad_quantities_are_refused_with_the_owner_and_the_fix(raw: object, hint: str) -> None:
     with pytest.raises(InvalidQuantity) as caught:

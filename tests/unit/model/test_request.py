@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from gpushare.model import (
     GpuKind,
     InvalidQuantity,
@@ -20,7 +19,9 @@ def container(name: str, limits: dict[str, Any] | None = None, **extra: Any) -> 
     return {"name": name, "resources": {"limits": limits or {}}, **extra}
 
 
-def pod(containers: list[dict[str, Any]], init: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def pod(
+    containers: list[dict[str, Any]], init: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     return {
         "metadata": {"name": "p", "namespace": "d", "uid": "u"},
         "spec": {"containers": containers, "initContainers": init or []},
@@ -40,7 +41,7 @@ def test_the_guides_pod_asks_for_1024_units_of_one_card() -> None:
 
 def test_requests_without_limits_are_refused_with_where_to_move_them() -> None:
     body = pod([{"name": "c", "resources": {"requests": {MEM: "1024"}}}])
-    with pytest.raises(InvalidRequest, match="move it to resources.limits"):
+    with pytest.raises(InvalidRequest, match=r"move it to resources\.limits"):
         gpu_request(body)
 
 
@@ -51,20 +52,23 @@ def test_app_containers_add_up() -> None:
 
 
 def test_a_large_plain_init_container_sets_the_total() -> None:
-    request = gpu_request(pod([container("app", {MEM: 1000})],
-                              init=[container("warmup", {MEM: 4000})]))
+    request = gpu_request(
+        pod([container("app", {MEM: 1000})], init=[container("warmup", {MEM: 4000})])
+    )
     assert request.total == 4000
     assert [(c.name, c.init) for c in request.containers] == [("app", False), ("warmup", True)]
 
 
 def test_sidecars_run_beside_the_app_and_beside_later_init_containers() -> None:
-    request = gpu_request(pod(
-        [container("app", {MEM: 1000})],
-        init=[
-            container("sidecar", {MEM: 500}, restartPolicy="Always"),
-            container("late-init", {MEM: 1200}),
-        ],
-    ))
+    request = gpu_request(
+        pod(
+            [container("app", {MEM: 1000})],
+            init=[
+                container("sidecar", {MEM: 500}, restartPolicy="Always"),
+                container("late-init", {MEM: 1200}),
+            ],
+        )
+    )
     # app + sidecar = 1500; late-init runs beside the sidecar: 1700.
     assert request.total == 1700
     assert [c.sidecar for c in request.containers] == [False, True, False]
@@ -105,8 +109,13 @@ def test_bad_limits_name_the_container(raw: str) -> None:
 
 
 def test_malformed_manifests_read_as_no_request_rather_than_crash() -> None:
-    for body in ({}, {"spec": None}, {"spec": {"containers": "x"}},
-                 {"spec": {"containers": [None, {"resources": []}]}}):
+    bodies: list[dict[str, Any]] = [
+        {},
+        {"spec": None},
+        {"spec": {"containers": "x"}},
+        {"spec": {"containers": [None, {"resources": []}]}},
+    ]
+    for body in bodies:
         assert gpu_request(body).kind is None
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from builders import capacity_node, gpu_pod, gpunode_resource
-
 from gpushare.model import (
     CardIndex,
     Ledger,
@@ -36,8 +35,10 @@ def card(ledger: Ledger, index: int) -> tuple[int, int, int]:
 
 
 def test_the_guides_two_pods_share_card_zero() -> None:
-    ledger = ledger_with(gpu_pod("gpu-pod1", 1024, node=NODE, index="0"),
-                         gpu_pod("gpu-pod2", 1024, node=NODE, index="0"))
+    ledger = ledger_with(
+        gpu_pod("gpu-pod1", 1024, node=NODE, index="0"),
+        gpu_pod("gpu-pod2", 1024, node=NODE, index="0"),
+    )
     assert card(ledger, 0) == (2048, 11178 - 2048, 2)
     assert card(ledger, 1) == (0, 11178, 0)
 

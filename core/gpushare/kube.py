@@ -1,0 +1,67 @@
+"""The thin layer under every Kubernetes call of gpushare: client set-up and raw responses.
+
+kubernetes_asyncio deserialises responses into its generated models. Two reasons to read the
+raw JSON instead: the pod Binding endpoint answers with a Status that the generated client
+cannot parse as the V1Binding its OpenAPI spec promises (kubernetes/kubernetes#80663), and
+model objects cost CPU on large lists. But a raw response (`_preload_content=False`) is not
+checked by the client at all, so `raw_json` checks the status itself and raises `ApiError`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any, cast
+
+import aiohttp
+from kubernetes_asyncio import client, config
+
+
+class ApiError(Exception):
+    """A Kubernetes API call answered with an error status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+
+
+async def raw_json(call: Awaitable[object]) -> dict[str, Any]:
+    """The JSON body of a call made with `_preload_content=False`; ApiError on >= 300."""
+    response = cast(aiohttp.ClientResponse, await call)
+    async with response:
+        text = await response.text()
+        if response.status >= 300:
+            raise ApiError(response.status, _status_message(text))
+    decoded = json.loads(text) if text else {}
+    return decoded if isinstance(decoded, dict) else {}
+
+
+def _status_message(text: str) -> str:
+    """The `message` of a Kubernetes Status body, else the text itself."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        return str(body["message"])
+    return text
+
+
+async def api_client(kubeconfig: Path | None = None) -> client.ApiClient:
+    """An ApiClient for `kubeconfig`, else the in-cluster service account, else the default
+    kubeconfig. The caller closes it (`async with`)."""
+    configuration = client.Configuration()
+    if kubeconfig is not None:
+        await config.load_kube_config(
+            config_file=str(kubeconfig), client_configuration=configuration
+        )
+    else:
+        try:
+            config.load_incluster_config(  # type: ignore[no-untyped-call]  # untyped upstream
+                client_configuration=configuration
+            )
+        except config.ConfigException:
+            await config.load_kube_config(client_configuration=configuration)
+    return client.ApiClient(configuration)

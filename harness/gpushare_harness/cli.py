@@ -1,0 +1,185 @@
+"""`gpushare-dev`: the local control plane for people.
+
+    gpushare-dev build                 build (or find) kube-apiserver and etcd
+    gpushare-dev up [--dir D]          start etcd + kube-apiserver, install the CRDs,
+                                       print the kubeconfig to use (kopf run, kubectl)
+    gpushare-dev status [--dir D]      is it running, and where
+    gpushare-dev add-node NAME --gpu-memory 89424 --gpu-number 8
+                                       a fake GPU node (status as a kubelet would write it)
+    gpushare-dev down [--dir D]        stop it and delete its state
+
+State lives in --dir (default ~/.cache/gpushare/cluster): certificates, kubeconfig, logs,
+etcd data and state.json with the process ids.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gpushare.kube import ApiError, api_client
+from kubernetes_asyncio import client
+
+from gpushare_harness.binaries import BuildError, cache_dir, ensure_binaries
+from gpushare_harness.controlplane import ControlPlane, ControlPlaneError, terminate
+from gpushare_harness.crds import install_crds
+from gpushare_harness.nodes import FakeGpuNode, create_gpu_node
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gpushare-dev",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("build", help="build or find kube-apiserver and etcd")
+    for name in ("up", "status", "down"):
+        command = commands.add_parser(name)
+        command.add_argument("--dir", type=Path, default=cache_dir() / "cluster")
+    add_node = commands.add_parser("add-node", help="create a fake GPU node")
+    add_node.add_argument("name")
+    add_node.add_argument("--gpu-memory", type=int, required=True, help="units, all cards")
+    add_node.add_argument("--gpu-number", type=int, required=True, help="cards")
+    add_node.add_argument("--dir", type=Path, default=cache_dir() / "cluster")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "build":
+            binaries = ensure_binaries()
+            print(
+                json.dumps(
+                    {"kube-apiserver": str(binaries.kube_apiserver), "etcd": str(binaries.etcd)},
+                    indent=2,
+                )
+            )
+            return 0
+        if args.command == "up":
+            return _up(args.dir)
+        if args.command == "status":
+            return _status(args.dir)
+        if args.command == "add-node":
+            return _add_node(
+                args.dir,
+                FakeGpuNode(name=args.name, gpu_memory=args.gpu_memory, gpu_number=args.gpu_number),
+            )
+        return _down(args.dir)
+    except (BuildError, ControlPlaneError, ApiError, client.ApiException) as error:
+        print(f"gpushare-dev {args.command}: {error}", file=sys.stderr)
+        return 1
+
+
+def _state(directory: Path) -> dict[str, Any] | None:
+    path = directory / "state.json"
+    if not path.exists():
+        return None
+    state: dict[str, Any] = json.loads(path.read_text())
+    return state
+
+
+def _alive(pid: int) -> bool:
+    """Running, and not a zombie left for a parent that does not reap (PID 1 in containers)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def _running(state: dict[str, Any] | None) -> bool:
+    return state is not None and all(_alive(pid) for pid in state["pids"].values())
+
+
+def _up(directory: Path) -> int:
+    state = _state(directory)
+    if _running(state):
+        assert state is not None
+        print(f"already running: {state['server']}\nexport KUBECONFIG={state['kubeconfig']}")
+        return 0
+    if state is not None:
+        _stop(state)
+    shutil.rmtree(directory, ignore_errors=True)
+    plane = ControlPlane(directory, die_with_parent=False).start()
+    try:
+        asyncio.run(_install_crds(plane.kubeconfig))
+    except BaseException:
+        plane.stop()
+        raise
+    (directory / "state.json").write_text(plane.to_json())
+    print(
+        f"control plane ready at {plane.describe()['server']}; logs in {directory}\n"
+        f"export KUBECONFIG={plane.kubeconfig}\n"
+        f"stop it with: gpushare-dev down"
+        + (f" --dir {directory}" if directory != cache_dir() / "cluster" else "")
+    )
+    return 0
+
+
+def _status(directory: Path) -> int:
+    state = _state(directory)
+    if not _running(state):
+        print(f"not running (state in {directory})")
+        return 1
+    print(json.dumps(state, indent=2))
+    return 0
+
+
+def _stop(state: dict[str, Any]) -> None:
+    """kube-apiserver first (it shuts down slowly without etcd), then etcd; SIGKILL after
+    10 s each."""
+    pids: dict[str, int] = state["pids"]
+    for name in ("kube-apiserver", "etcd"):
+        pid = pids.get(name)
+        if pid is None:
+            continue
+        terminate(pid)
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _alive(pid):
+            terminate(pid, signal.SIGKILL)
+
+
+def _down(directory: Path) -> int:
+    state = _state(directory)
+    if state is None:
+        print(f"not running (no state in {directory})")
+        return 0
+    _stop(state)
+    shutil.rmtree(directory, ignore_errors=True)
+    print("control plane stopped")
+    return 0
+
+
+async def _install_crds(kubeconfig: Path) -> None:
+    async with await api_client(kubeconfig) as api:
+        await install_crds(api)
+
+
+def _add_node(directory: Path, node: FakeGpuNode) -> int:
+    state = _state(directory)
+    if not _running(state):
+        print(
+            f"gpushare-dev add-node: no control plane in {directory}; run gpushare-dev up",
+            file=sys.stderr,
+        )
+        return 1
+    assert state is not None
+
+    async def create() -> None:
+        async with await api_client(Path(state["kubeconfig"])) as api:
+            await create_gpu_node(client.CoreV1Api(api), node)
+
+    asyncio.run(create())
+    print(f"node {node.name}: {node.gpu_number} cards, {node.gpu_memory} units of gpu-memory")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""The guide's scenario against a real kube-apiserver: a Binding carries the GPU annotations
+and the apiserver writes them together with spec.nodeName."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from gpushare.kube import ApiError, raw_json
+from gpushare.model import (
+    CardIndex,
+    Ledger,
+    Placement,
+    Policy,
+    claim_of,
+    contract,
+    gpu_request,
+    node_inventory,
+    place,
+    pod_ref,
+)
+from gpushare_harness import FakeGpuNode, create_gpu_node
+from kubernetes_asyncio import client
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+
+def guide_pod(name: str, namespace: str) -> client.V1Pod:
+    """gpu-pod1 of the user guide, unchanged but for the namespace."""
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+        spec=client.V1PodSpec(
+            scheduler_name="volcano",
+            containers=[
+                client.V1Container(
+                    name="cuda-container",
+                    image="nvidia/cuda:9.0-devel",
+                    command=["sleep"],
+                    args=["100000"],
+                    resources=client.V1ResourceRequirements(limits={contract.GPU_MEMORY: "1024"}),
+                )
+            ],
+        ),
+    )
+
+
+async def raw_pod(core: client.CoreV1Api, name: str, namespace: str) -> dict[str, Any]:
+    return await raw_json(core.read_namespaced_pod(name, namespace, _preload_content=False))
+
+
+async def bind(
+    core: client.CoreV1Api, pod: dict[str, Any], node: str, annotations: dict[str, str]
+) -> None:
+    meta = pod["metadata"]
+    binding = client.V1Binding(
+        metadata=client.V1ObjectMeta(
+            name=meta["name"], namespace=meta["namespace"], uid=meta["uid"], annotations=annotations
+        ),
+        target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
+    )
+    # The apiserver answers with a Status, which the generated client cannot parse as the
+    # V1Binding it expects: read the raw response (kubernetes/kubernetes#80663).
+    await raw_json(
+        core.create_namespaced_pod_binding(
+            meta["name"], meta["namespace"], binding, _preload_content=False
+        )
+    )
+
+
+async def test_a_binding_writes_node_and_gpu_annotations_together(
+    core: client.CoreV1Api, namespace: str, unique: str
+) -> None:
+    node_name = f"gpu-node-{unique}"
+    node = await create_gpu_node(core, FakeGpuNode(name=node_name, gpu_memory=89424, gpu_number=8))
+    assert node["status"]["capacity"][contract.GPU_MEMORY] == "89424"
+    assert not node["spec"].get("taints"), "fake GPU nodes must carry no not-ready taint"
+
+    await core.create_namespaced_pod(namespace, guide_pod("gpu-pod1", namespace))
+    pod = await raw_pod(core, "gpu-pod1", namespace)
+
+    # What the scheduler decides, from the objects as the apiserver returns them.
+    inventory = node_inventory(node)
+    assert inventory is not None
+    ledger = Ledger()
+    ledger.set_node(inventory)
+    placement = place(ledger, gpu_request(pod), Policy.BESTFIT)
+    assert isinstance(placement, Placement)
+    assert (placement.node, placement.cards) == (node_name, (0,))
+
+    predicate_time = str(time.time_ns())
+    annotations = {
+        **placement.allocation(pod_ref(pod)).annotations(),
+        contract.PREDICATE_TIME: predicate_time,
+    }
+    await bind(core, pod, node_name, annotations)
+
+    bound = await raw_pod(core, "gpu-pod1", namespace)
+    assert bound["spec"]["nodeName"] == node_name
+    assert bound["metadata"]["annotations"] == {
+        contract.GPU_INDEX: "0",
+        contract.PREDICATE_TIME: predicate_time,
+    }
+    scheduled = [c for c in bound["status"]["conditions"] if c["type"] == "PodScheduled"]
+    assert scheduled[0]["status"] == "True"
+
+    # Rebuilt from the bound pod alone, the usage is the guide's: card 0 holds 1024 MiB.
+    rebuilt = Ledger()
+    rebuilt.set_node(inventory)
+    claim = claim_of(bound)
+    assert claim.problem is None
+    assert claim.allocation is not None
+    rebuilt.add(claim.allocation)
+    usage = rebuilt.node(inventory.node)
+    assert usage is not None
+    assert usage.cards[CardIndex(0)].used == 1024
+
+
+async def test_a_second_binding_of_a_bound_pod_is_refused_with_a_conflict(
+    core: client.CoreV1Api, namespace: str, unique: str
+) -> None:
+    node_name = f"gpu-node-{unique}"
+    await create_gpu_node(core, FakeGpuNode(name=node_name, gpu_memory=89424, gpu_number=8))
+    await core.create_namespaced_pod(namespace, guide_pod("gpu-pod2", namespace))
+    pod = await raw_pod(core, "gpu-pod2", namespace)
+    await bind(core, pod, node_name, {contract.GPU_INDEX: "0"})
+    with pytest.raises(ApiError) as caught:
+        await bind(core, pod, node_name, {contract.GPU_INDEX: "1"})
+    assert caught.value.status == 409
+    again = await raw_pod(core, "gpu-pod2", namespace)
+    assert again["metadata"]["annotations"][contract.GPU_INDEX] == "0"
