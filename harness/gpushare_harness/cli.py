@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpushare.kube import ApiError, api_client
 from kubernetes_asyncio import client
 
+from gpushare.kube import ApiError, api_client
 from gpushare_harness.binaries import BuildError, cache_dir, ensure_binaries
 from gpushare_harness.controlplane import ControlPlane, ControlPlaneError, terminate
 from gpushare_harness.crds import install_crds
@@ -176,7 +176,13 @@ def _add_node(directory: Path, node: FakeGpuNode) -> int:
         async with await api_client(Path(state["kubeconfig"])) as api:
             await create_gpu_node(client.CoreV1Api(api), node)
 
-    asyncio.run(create())
+    try:
+        asyncio.run(create())
+    except client.ApiException as error:
+        if error.status != 409:
+            raise
+        print(f"node {node.name} already exists")
+        return 0
     print(f"node {node.name}: {node.gpu_number} cards, {node.gpu_memory} units of gpu-memory")
     return 0
 

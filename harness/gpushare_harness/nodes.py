@@ -7,9 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubernetes_asyncio import client
+
 from gpushare.kube import raw_json
 from gpushare.model import contract
-from kubernetes_asyncio import client
 
 
 @dataclass(frozen=True, kw_only=True)

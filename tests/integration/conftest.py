@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from kubernetes_asyncio import client
+
 from gpushare import kube
 from gpushare_harness import ControlPlane, ensure_binaries
 from gpushare_harness.binaries import BuildError
-from kubernetes_asyncio import client
 
 pytestmark = pytest.mark.integration
 

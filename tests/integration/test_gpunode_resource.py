@@ -6,11 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from kubernetes_asyncio import client
+
 from gpushare.kube import ApiError, raw_json
 from gpushare.model import GpuKind, Ledger, Placement, PodRequest, contract, node_inventory, place
 from gpushare_harness import FakeGpuNode, create_gpu_node
 from gpushare_harness.crds import install_crds
-from kubernetes_asyncio import client
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 

@@ -7,6 +7,8 @@ import time
 from typing import Any
 
 import pytest
+from kubernetes_asyncio import client
+
 from gpushare.kube import ApiError, raw_json
 from gpushare.model import (
     CardIndex,
@@ -21,7 +23,6 @@ from gpushare.model import (
     pod_ref,
 )
 from gpushare_harness import FakeGpuNode, create_gpu_node
-from kubernetes_asyncio import client
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from builders import capacity_node, gpu_pod, gpunode_resource
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gpushare.model import (
     Allocation,
     GpuKind,
@@ -19,8 +22,6 @@ from gpushare.model import (
     place,
     pod_ref,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 CARD_SIZES = st.sampled_from([1000, 11178, 16384, 40960, 81559])
 

@@ -42,6 +42,7 @@ from gpushare.model.usage import (
     PodClaim,
     PodRef,
     PodUid,
+    check_allocation,
     claim_of,
     pod_ref,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "PodRequest",
     "PodUid",
     "Policy",
+    "check_allocation",
     "claim_of",
     "contract",
     "diagnose",

@@ -28,7 +28,7 @@ from typing import NewType, TypeVar
 from gpushare.model import contract
 from gpushare.model.annotations import CardIndex, format_card_indices, parse_card_indices
 from gpushare.model.bodies import Body, annotations_of, describe, path, text
-from gpushare.model.errors import GpuShareError
+from gpushare.model.errors import GpuShareError, InvalidAnnotation
 from gpushare.model.inventory import Card, NodeInventory, NodeName
 from gpushare.model.request import GpuKind, gpu_request
 
@@ -117,9 +117,42 @@ def claim_of(pod: Body) -> PodClaim:
     return PodClaim(allocation=allocation, problem=problem)
 
 
+def check_allocation(allocation: Allocation, inventory: NodeInventory) -> None:
+    """Raise InvalidAnnotation unless `allocation` names cards `inventory` can serve: every
+    card exists and is healthy, one card for a gpu-memory pod, as many as it asks for a
+    gpu-number pod. The device plugin never serves an allocation that fails this."""
+    who = f"pod {allocation.pod} on node {allocation.node}"
+    value = format_card_indices(allocation.cards)
+    if not allocation.cards:
+        raise InvalidAnnotation(
+            f"{who} has no valid {contract.GPU_INDEX}; it was not placed by a gpushare or "
+            f"Volcano scheduler: recreate it with schedulerName set to one"
+        )
+    for index in allocation.cards:
+        card = inventory.card(index)
+        if card is None:
+            raise InvalidAnnotation(
+                f"{who}: {contract.GPU_INDEX}={value!r} names card {index}, which the node "
+                f"does not have (cards {format_card_indices(c.index for c in inventory.cards)})"
+                f"; delete the pod so that it is scheduled again"
+            )
+        if not card.healthy:
+            raise InvalidAnnotation(
+                f"{who}: {contract.GPU_INDEX}={value!r} names card {index}, which is "
+                f"unhealthy; delete the pod so that it is scheduled again"
+            )
+    expected = 1 if allocation.kind is GpuKind.MEMORY else allocation.amount
+    if len(allocation.cards) != expected:
+        raise InvalidAnnotation(
+            f"{who}: {contract.GPU_INDEX}={value!r} names {len(allocation.cards)} cards but "
+            f"the pod's {allocation.kind.value} request needs {expected}; delete the pod so "
+            f"that it is scheduled again"
+        )
+
+
 @dataclass(kw_only=True, slots=True)
 class CardUsage:
-    """Mutable bookkeeping of one card; read it through `Ledger.card_usage`."""
+    """Mutable bookkeeping of one card, owned by the Ledger (read, never write, from outside)."""
 
     card: Card
     used: int = 0
@@ -284,9 +317,20 @@ class Ledger:
     # -- bookkeeping ---------------------------------------------------------------------
 
     def _update_node(self, usage: NodeUsage, allocation: Allocation, sign: int) -> None:
-        self._unindex_node(usage)
+        """Apply one allocation, re-indexing only the cards it names and the node."""
+        name = usage.inventory.node
+        touched = [usage.cards[i] for i in allocation.cards if i in usage.cards]
+        for card in touched:
+            if card.shareable:
+                _remove(self._cards_by_free, (card.free, name, card.card.index))
+        if usage.free_key is not None:
+            _remove(self._nodes_by_free, usage.free_key)
         self._attribute(usage, allocation, sign)
-        self._index_node(usage)
+        for card in touched:
+            if card.shareable:
+                insort(self._cards_by_free, (card.free, name, card.card.index))
+        usage.free_key = (usage.free, name)
+        insort(self._nodes_by_free, usage.free_key)
 
     @staticmethod
     def _attribute(usage: NodeUsage, allocation: Allocation, sign: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from builders import capacity_node, gpu_pod, gpunode_resource
+
 from gpushare.model import (
     Diagnosis,
     GpuKind,

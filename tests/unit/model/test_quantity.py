@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from gpushare.model import InvalidQuantity, contract, parse_quantity
 
 

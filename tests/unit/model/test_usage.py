@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
 from builders import capacity_node, gpu_pod, gpunode_resource
+
 from gpushare.model import (
+    Allocation,
     CardIndex,
+    InvalidAnnotation,
     Ledger,
     NodeName,
     PodUid,
+    check_allocation,
     claim_of,
     node_inventory,
 )
@@ -150,3 +155,46 @@ def test_an_unreadable_request_is_reported_and_not_counted() -> None:
     assert claim.allocation is None
     assert claim.problem is not None
     assert "both" in claim.problem
+
+
+def allocation_of(pod: dict[str, object]) -> Allocation:
+    claim = claim_of(pod)
+    assert claim.allocation is not None
+    return claim.allocation
+
+
+@pytest.mark.parametrize(
+    ("pod", "hint"),
+    [
+        (gpu_pod("ghost", 1024, node=NODE, index="9"), "names card 9, which the node does not"),
+        (gpu_pod("sick", 1024, node=NODE, index="1"), "names card 1, which is unhealthy"),
+        (gpu_pod("odd", 1024, node=NODE, index="a"), "no valid volcano.sh/gpu-index"),
+        (gpu_pod("none", 1024, node=NODE), "no valid volcano.sh/gpu-index"),
+        (gpu_pod("wide", 1024, node=NODE, index="0,2"), "names 2 cards but"),
+        (gpu_pod("short", number=2, node=NODE, index="0"), "names 1 cards but"),
+    ],
+    ids=[
+        "missing card",
+        "unhealthy card",
+        "malformed",
+        "absent",
+        "memory on two cards",
+        "too few whole cards",
+    ],
+)
+def test_allocations_the_node_cannot_serve_are_refused_with_the_fix(
+    pod: dict[str, object], hint: str
+) -> None:
+    inventory = node_inventory(capacity_node(NODE, 89424, 8, unhealthy="1"))
+    assert inventory is not None
+    with pytest.raises(InvalidAnnotation) as caught:
+        check_allocation(allocation_of(pod), inventory)
+    assert hint in str(caught.value)
+    assert "delete the pod" in str(caught.value) or "recreate it" in str(caught.value)
+
+
+def test_a_served_allocation_passes_the_check() -> None:
+    inventory = node_inventory(capacity_node(NODE, 89424, 8))
+    assert inventory is not None
+    check_allocation(allocation_of(gpu_pod("ok", 1024, node=NODE, index="0")), inventory)
+    check_allocation(allocation_of(gpu_pod("w", number=2, node=NODE, index="0,5")), inventory)

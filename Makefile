@@ -1,0 +1,38 @@
+# Entry points. Everything installs what it needs on a fresh machine (Python 3.11+, Go 1.26+).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+TOOLS := .venv-tools
+DEV := .venv
+
+.PHONY: test up down bench lint clean
+
+## test: lint + unit + property + integration tests (builds kube-apiserver and etcd if absent)
+test: $(TOOLS)/bin/tox
+	$(TOOLS)/bin/tox run -e lint,unit,integration
+
+## up: a local control plane with the user guide's GPU node; prints the KUBECONFIG to use
+up: $(DEV)/bin/gpushare-dev
+	$(DEV)/bin/gpushare-dev up
+	$(DEV)/bin/gpushare-dev add-node gpu-node-1 --gpu-memory 89424 --gpu-number 8
+
+## down: stop the local control plane
+down: $(DEV)/bin/gpushare-dev
+	$(DEV)/bin/gpushare-dev down
+
+## bench: the placement benchmark (5,000 nodes x 8 cards, 40,000 pods)
+bench: $(DEV)/bin/gpushare-dev
+	$(DEV)/bin/python bench/placement.py
+
+lint: $(TOOLS)/bin/tox
+	$(TOOLS)/bin/tox run -e lint
+
+$(TOOLS)/bin/tox:
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install --quiet "tox==4.67.13"
+
+$(DEV)/bin/gpushare-dev: pyproject.toml
+	$(PYTHON) -m venv $(DEV)
+	$(DEV)/bin/pip install --quiet -e '.[dev]'
+	touch $@
+
+clean:
+	rm -rf $(TOOLS) $(DEV) .tox
