@@ -24,7 +24,7 @@ from gpushare.model.errors import (
     InvalidRequest,
 )
 from gpushare.model.inventory import Card, InventorySource, NodeInventory, NodeName, node_inventory
-from gpushare.model.placement import NodeCheck, Placement, Policy, place
+from gpushare.model.placement import CardCheck, NodeCheck, Placement, Policy, place
 from gpushare.model.quantity import parse_quantity
 from gpushare.model.request import (
     NO_GPU,
@@ -51,6 +51,7 @@ __all__ = [
     "NO_GPU",
     "Allocation",
     "Card",
+    "CardCheck",
     "CardIndex",
     "CardProblem",
     "CardUsage",

@@ -26,6 +26,7 @@ class CardProblem(StrEnum):
     HELD_WHOLE = "held whole by a gpu-number pod"
     IN_USE = "in use"
     TOO_LITTLE_MEMORY = "too little free memory"
+    RESERVED = "reserved"
 
 
 class NodeProblem(StrEnum):
@@ -44,8 +45,12 @@ class CardVerdict:
     free: int = 0
     need: int = 0
     unit_mib: int = 1
+    detail: str = ""
+    """RESERVED: why the card is held back for now."""
 
     def __str__(self) -> str:
+        if self.problem is CardProblem.RESERVED:
+            return f"card {self.card} {self.detail}"
         if self.problem is CardProblem.TOO_LITTLE_MEMORY:
             return (
                 f"card {self.card} {_amount(self.free, self.unit_mib)} free < "
@@ -96,7 +101,10 @@ class Diagnosis:
 
 
 def diagnose(
-    ledger: Ledger, request: PodRequest, node_check: Callable[[NodeName], str | None]
+    ledger: Ledger,
+    request: PodRequest,
+    node_check: Callable[[NodeName], str | None],
+    card_check: Callable[[NodeName, CardIndex], str | None] = lambda node, card: None,
 ) -> Diagnosis:
     """A verdict for every node known to `ledger` (GPU nodes and nodes without one)."""
     verdicts: list[NodeVerdict] = []
@@ -105,9 +113,9 @@ def diagnose(
         if reason is not None:
             verdicts.append(NodeVerdict(node=name, problem=NodeProblem.FILTERED, detail=reason))
         elif request.kind is GpuKind.NUMBER:
-            verdicts.append(_whole_card_verdict(usage, request.total))
+            verdicts.append(_whole_card_verdict(usage, request.total, card_check))
         else:
-            verdicts.append(_memory_verdict(usage, request.total))
+            verdicts.append(_memory_verdict(usage, request.total, card_check))
     for name, problem in ledger.nodes_without_gpu().items():
         if problem is None:
             verdicts.append(NodeVerdict(node=name, problem=NodeProblem.NO_GPU))
@@ -120,19 +128,24 @@ def diagnose(
     return Diagnosis(request=request, nodes=tuple(verdicts))
 
 
-def _memory_verdict(usage: NodeUsage, need: int) -> NodeVerdict:
+def _memory_verdict(
+    usage: NodeUsage, need: int, card_check: Callable[[NodeName, CardIndex], str | None]
+) -> NodeVerdict:
     unit = usage.inventory.unit_mib
+    name = usage.inventory.node
     cards: list[CardVerdict] = []
     for index, card in sorted(usage.cards.items()):
         problem = _card_problem(card)
         if problem is None and card.free < need:
             problem = CardProblem.TOO_LITTLE_MEMORY
-        if problem is not None:
+        reserved = card_check(name, index) if problem is None else None
+        if reserved is not None:
+            cards.append(CardVerdict(card=index, problem=CardProblem.RESERVED, detail=reserved))
+        elif problem is not None:
             cards.append(
                 CardVerdict(card=index, problem=problem, free=card.free, need=need, unit_mib=unit)
             )
     closeness = max((c.free for c in usage.cards.values() if c.shareable), default=0)
-    name = usage.inventory.node
     if len(cards) < len(usage.cards):
         # A card fits, but memory held by pods without a card leaves the node short.
         detail = (
@@ -148,11 +161,16 @@ def _memory_verdict(usage: NodeUsage, need: int) -> NodeVerdict:
     )
 
 
-def _whole_card_verdict(usage: NodeUsage, need: int) -> NodeVerdict:
+def _whole_card_verdict(
+    usage: NodeUsage, need: int, card_check: Callable[[NodeName, CardIndex], str | None]
+) -> NodeVerdict:
     cards: list[CardVerdict] = []
     for index, card in sorted(usage.cards.items()):
         problem = _card_problem(card) or (CardProblem.IN_USE if card.pods else None)
-        if problem is not None:
+        reserved = card_check(usage.inventory.node, index) if problem is None else None
+        if reserved is not None:
+            cards.append(CardVerdict(card=index, problem=CardProblem.RESERVED, detail=reserved))
+        elif problem is not None:
             cards.append(CardVerdict(card=index, problem=problem))
     detail = f"{usage.idle_cards} idle < {need} cards"
     return NodeVerdict(

@@ -29,6 +29,9 @@ from gpushare.model.usage import Allocation, CardUsage, Ledger, NodeUsage, PodRe
 
 NodeCheck = Callable[[NodeName], str | None]
 """Verdict of the non-GPU filters on a node: None when it passes, else why not."""
+CardCheck = Callable[[NodeName, CardIndex], str | None]
+"""Verdict on one card beyond its free memory (the scheduler's exactness rule): None or why
+the pod may not have it now."""
 
 
 class Policy(StrEnum):
@@ -55,11 +58,18 @@ class Placement:
 
 
 class _Checker:
-    """A NodeCheck asked at most once per node within one decision."""
+    """A NodeCheck asked at most once per node within one decision, and the CardCheck."""
 
-    def __init__(self, check: NodeCheck | None) -> None:
+    def __init__(self, check: NodeCheck | None, card_check: CardCheck | None) -> None:
         self._check = check
+        self._card_check = card_check
         self._verdicts: dict[NodeName, str | None] = {}
+
+    def card_reason(self, node: NodeName, card: CardIndex) -> str | None:
+        return None if self._card_check is None else self._card_check(node, card)
+
+    def card_ok(self, node: NodeName, card: CardIndex) -> bool:
+        return self.card_reason(node, card) is None
 
     def reason(self, node: NodeName) -> str | None:
         if self._check is None:
@@ -78,16 +88,19 @@ def place(
     policy: Policy = Policy.BESTFIT,
     *,
     node_check: NodeCheck | None = None,
+    card_check: CardCheck | None = None,
 ) -> Placement | Diagnosis:
     """Where `request` goes under `policy`, or a Diagnosis of every node and card if nowhere."""
-    checker = _Checker(node_check)
+    checker = _Checker(node_check, card_check)
     if request.kind is GpuKind.MEMORY:
         found = _MEMORY_POLICIES[policy](ledger, request.total, checker)
     elif request.kind is GpuKind.NUMBER:
         found = _whole_cards(ledger, request.total, policy, checker)
     else:
         raise InvalidRequest("placement is for pods that ask for a GPU; this one asks for none")
-    return found if found is not None else diagnose(ledger, request, checker.reason)
+    if found is not None:
+        return found
+    return diagnose(ledger, request, checker.reason, checker.card_reason)
 
 
 # -- gpu-memory: one card ------------------------------------------------------------------
@@ -103,17 +116,22 @@ def _shared(node: NodeUsage, card: CardUsage, need: int) -> Placement:
     )
 
 
-def _fitting(node: NodeUsage, need: int) -> list[CardUsage]:
+def _fitting(node: NodeUsage, need: int, checker: _Checker) -> list[CardUsage]:
     """Cards of `node` that can take `need` units, by index (only if the node total allows)."""
     if node.free < need:
         return []
-    return [c for _, c in sorted(node.cards.items()) if c.shareable and c.free >= need]
+    name = node.inventory.node
+    return [
+        card
+        for index, card in sorted(node.cards.items())
+        if card.shareable and card.free >= need and checker.card_ok(name, index)
+    ]
 
 
 def _bestfit(ledger: Ledger, need: int, checker: _Checker) -> Placement | None:
     for _, name, index in ledger.cards_from(need):
         node = ledger.nodes()[name]
-        if node.free >= need and checker.passes(name):
+        if node.free >= need and checker.passes(name) and checker.card_ok(name, index):
             return _shared(node, node.cards[index], need)
     return None
 
@@ -121,7 +139,7 @@ def _bestfit(ledger: Ledger, need: int, checker: _Checker) -> Placement | None:
 def _firstfit(ledger: Ledger, need: int, checker: _Checker) -> Placement | None:
     for name in ledger.node_names():
         node = ledger.nodes()[name]
-        cards = _fitting(node, need)
+        cards = _fitting(node, need, checker)
         if cards and checker.passes(name):
             return _shared(node, cards[0], need)
     return None
@@ -130,7 +148,7 @@ def _firstfit(ledger: Ledger, need: int, checker: _Checker) -> Placement | None:
 def _binpack(ledger: Ledger, need: int, checker: _Checker) -> Placement | None:
     for _, name in ledger.nodes_from(need):
         node = ledger.nodes()[name]
-        cards = _fitting(node, need)
+        cards = _fitting(node, need, checker)
         if cards and checker.passes(name):
             return _shared(node, min(cards, key=lambda c: c.free), need)
     return None
@@ -141,7 +159,7 @@ def _spread(ledger: Ledger, need: int, checker: _Checker) -> Placement | None:
         if free < need:
             break
         node = ledger.nodes()[name]
-        cards = _fitting(node, need)
+        cards = _fitting(node, need, checker)
         if cards and checker.passes(name):
             return _shared(node, max(cards, key=lambda c: (c.free, -c.card.index)), need)
     return None
@@ -173,9 +191,12 @@ def _whole_cards(ledger: Ledger, count: int, policy: Policy, checker: _Checker) 
         (n for n in ledger.nodes().values() if n.idle_cards >= count), key=preference
     )
     for node in candidates:
-        if not checker.passes(node.inventory.node):
+        name = node.inventory.node
+        if not checker.passes(name):
             continue
-        idle = [c for c in node.cards.values() if c.idle]
+        idle = [c for i, c in node.cards.items() if c.idle and checker.card_ok(name, i)]
+        if len(idle) - node.unattributed_cards < count:
+            continue
         if policy in (Policy.BESTFIT, Policy.BINPACK):
             # Smallest cards first: the large ones stay for large requests.
             idle.sort(key=lambda c: (c.card.memory, c.card.index))

@@ -22,50 +22,56 @@ _QUANTITY = re.compile(
     r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?[0-9]+|[mkMGTPE]?)"
 )
 _DECIMAL_SUFFIX: Final = {"m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
-_BINARY_SUFFIXES: Final = frozenset({"Ki", "Mi", "Gi", "Ti", "Pi", "Ei"})
+_BINARY_SUFFIXES: Final = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 
 
 def parse_quantity(value: object, *, resource: str, owner: str) -> int:
-    """The whole number `value` denotes, or InvalidQuantity naming `owner` and the fix.
-
-    `owner` is how the message names where the value came from, e.g.
-    ``pod default/p container main``.
-    """
+    """The whole number of GPU devices `value` denotes, or InvalidQuantity naming `owner`
+    (e.g. ``pod default/p container main``) and the fix."""
     where = f"{owner}: {resource} {value!r}"
-    if isinstance(value, bool):
-        raise InvalidQuantity(f"{where} is not a quantity; write a whole number such as 1024")
-    if isinstance(value, int):
-        amount = value
-    elif isinstance(value, str):
-        amount = _parse_text(value, where)
-    else:
-        raise InvalidQuantity(f"{where} is not a quantity; write a whole number such as 1024")
-    if amount < 0:
-        raise InvalidQuantity(f"{where} is negative; write a whole number of at least 0")
-    if amount > MAX_QUANTITY:
-        raise InvalidQuantity(f"{where} is larger than Kubernetes allows (2^63-1)")
-    return amount
-
-
-def _parse_text(raw: str, where: str) -> int:
-    match = _QUANTITY.fullmatch(raw)
-    if match is None:
-        raise InvalidQuantity(
-            f"{where} is not a Kubernetes quantity; write a whole number such as 1024"
-        )
-    suffix = match["suffix"]
-    if suffix in _BINARY_SUFFIXES:
+    if isinstance(value, str) and _suffix(value) in _BINARY_SUFFIXES:
         raise InvalidQuantity(
             f"{where} uses a binary suffix; GPU resources count whole devices "
             f"(MiB times the memory factor for gpu-memory, cards for gpu-number), "
             f"so write a plain number such as 1024"
         )
-    exponent = int(suffix[1:]) if suffix[:1] in ("e", "E") else _DECIMAL_SUFFIX[suffix]
-    if abs(exponent) > 30:
-        raise InvalidQuantity(f"{where} is out of range; write a whole number such as 1024")
-    amount = Decimal(match["number"]).scaleb(exponent)
+    amount = parse_decimal(value, where=where)
     if amount != amount.to_integral_value():
         raise InvalidQuantity(
             f"{where} is not a whole number; GPU resources cannot be split below one device"
         )
     return int(amount)
+
+
+def parse_decimal(value: object, *, where: str) -> Decimal:
+    """Any Kubernetes quantity (``500m``, ``4Gi``, ``2k``, ``1e3``, 3) as an exact, non-negative
+    Decimal, or InvalidQuantity starting with `where`."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise InvalidQuantity(f"{where} is not a quantity; write a number such as 1024")
+    if isinstance(value, int):
+        amount = Decimal(value)
+    else:
+        match = _QUANTITY.fullmatch(value)
+        if match is None:
+            raise InvalidQuantity(
+                f"{where} is not a Kubernetes quantity; write a number such as 1024"
+            )
+        suffix = match["suffix"]
+        if suffix in _BINARY_SUFFIXES:
+            multiplier = Decimal(1024) ** (_BINARY_SUFFIXES.index(suffix) + 1)
+            amount = Decimal(match["number"]) * multiplier
+        else:
+            exponent = int(suffix[1:]) if suffix[:1] in ("e", "E") else _DECIMAL_SUFFIX[suffix]
+            if abs(exponent) > 30:
+                raise InvalidQuantity(f"{where} is out of range; write a number such as 1024")
+            amount = Decimal(match["number"]).scaleb(exponent)
+    if amount < 0:
+        raise InvalidQuantity(f"{where} is negative; write a number of at least 0")
+    if amount > MAX_QUANTITY:
+        raise InvalidQuantity(f"{where} is larger than Kubernetes allows (2^63-1)")
+    return amount
+
+
+def _suffix(raw: str) -> str | None:
+    match = _QUANTITY.fullmatch(raw)
+    return match["suffix"] if match else None

@@ -6,6 +6,7 @@ import pytest
 from builders import capacity_node, gpu_pod, gpunode_resource
 
 from gpushare.model import (
+    CardIndex,
     Diagnosis,
     GpuKind,
     InvalidRequest,
@@ -202,3 +203,25 @@ def test_long_messages_are_capped_and_say_how_many_nodes_were_left_out() -> None
 def test_placement_is_only_for_gpu_requests() -> None:
     with pytest.raises(InvalidRequest):
         place(Ledger(), PodRequest(kind=None, total=0, containers=()))
+
+
+def test_a_card_check_steers_the_pod_to_the_card_it_allows() -> None:
+    ledger = cluster({"a": [16384, 16384]})
+
+    def only_card_1(node: NodeName, card: CardIndex) -> str | None:
+        return None if card == 1 else "reserved for an earlier pod of the same size"
+
+    assert placed(place(ledger, memory(1000), card_check=only_card_1)) == ("a", (1,))
+    assert placed(place(ledger, cards(1), card_check=only_card_1)) == ("a", (1,))
+    for policy in Policy:
+        assert placed(place(ledger, memory(1000), policy, card_check=only_card_1)) == ("a", (1,))
+
+
+def test_cards_held_back_by_the_card_check_are_explained() -> None:
+    ledger = cluster({"a": [16384]})
+    result = place(ledger, memory(1000), card_check=lambda node, card: "waiting for d/p1")
+    assert isinstance(result, Diagnosis)
+    assert result.summary().endswith("a: card 0 waiting for d/p1")
+    whole = place(ledger, cards(1), card_check=lambda node, card: "waiting for d/p1")
+    assert isinstance(whole, Diagnosis)
+    assert "card 0 waiting for d/p1" in whole.summary()
