@@ -74,9 +74,9 @@ class ControlPlane:
         self.pki = write_pki(self.directory / "pki")
         for attempt in range(3):  # a free port can be taken between probing and binding
             self.endpoints = Endpoints(
-                apiserver_port=_free_port(),
-                etcd_client_port=_free_port(),
-                etcd_peer_port=_free_port(),
+                apiserver_port=free_port(),
+                etcd_client_port=free_port(),
+                etcd_peer_port=free_port(),
             )
             try:
                 self._launch()
@@ -165,7 +165,7 @@ class ControlPlane:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_die_with_parent if self._die_with_parent else None,  # noqa: PLW1509
+            preexec_fn=die_with_parent if self._die_with_parent else None,  # noqa: PLW1509
         )
         log.close()
 
@@ -264,13 +264,14 @@ def terminate(pid: int, signal_number: int = signal.SIGTERM) -> None:
         os.killpg(pid, signal_number)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """In a child before exec: get SIGKILL when the parent dies (no orphans after a crash)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

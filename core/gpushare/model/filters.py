@@ -12,11 +12,14 @@ Unschedulable with that reason.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gpushare.model.bodies import Body, describe, mapping, path, sequence, text
+from gpushare.model.diagnosis import Diagnosis, NodeProblem, NodeVerdict
 from gpushare.model.errors import GpuShareError
+from gpushare.model.inventory import NodeName
+from gpushare.model.request import NO_GPU
 from gpushare.model.resources import PODS, pod_requests, resource_list
 
 _HARD_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
@@ -214,3 +217,31 @@ def _compare(value: str | None, values: list[str], *, greater: bool) -> bool:
     except ValueError:
         return False
     return have > bound if greater else have < bound
+
+
+def choose_node(
+    nodes: Mapping[NodeName, NodeFacts],
+    requested: Callable[[NodeName], Mapping[str, int]],
+    needs: PodNeeds,
+) -> NodeName | Diagnosis:
+    """A node for a pod that asks for no GPU: the least allocated (cpu and memory, as
+    kube-scheduler's default LeastAllocated score) among those that pass the filters."""
+    best: tuple[float, NodeName] | None = None
+    verdicts = []
+    for name, facts in nodes.items():
+        used = requested(name)
+        reason = node_reason(needs, facts, used)
+        if reason is not None:
+            verdicts.append(NodeVerdict(node=name, problem=NodeProblem.FILTERED, detail=reason))
+            continue
+        shares = [
+            (used.get(resource, 0) + needs.requests.get(resource, 0)) / facts.allocatable[resource]
+            for resource in ("cpu", "memory")
+            if facts.allocatable.get(resource)
+        ]
+        score = sum(shares) / len(shares) if shares else 0.0
+        if best is None or (score, name) < best:
+            best = (score, name)
+    if best is not None:
+        return best[1]
+    return Diagnosis(request=NO_GPU, nodes=tuple(sorted(verdicts, key=lambda v: v.node)))

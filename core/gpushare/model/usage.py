@@ -30,7 +30,7 @@ from gpushare.model.annotations import CardIndex, format_card_indices, parse_car
 from gpushare.model.bodies import Body, annotations_of, describe, path, text
 from gpushare.model.errors import GpuShareError, InvalidAnnotation
 from gpushare.model.inventory import Card, NodeInventory, NodeName
-from gpushare.model.request import GpuKind, gpu_request
+from gpushare.model.request import GpuKind, PodRequest, gpu_request
 
 PodUid = NewType("PodUid", str)
 
@@ -72,6 +72,8 @@ class PodClaim:
 
     allocation: Allocation | None
     problem: str | None = None
+    request: PodRequest | None = None
+    """The pod's GPU request when it could be read (its signature drives the exactness rule)."""
 
 
 def pod_ref(pod: Body) -> PodRef:
@@ -95,7 +97,7 @@ def claim_of(pod: Body) -> PodClaim:
         # The request cannot be read, so there is nothing sound to count.
         return PodClaim(allocation=None, problem=str(error))
     if request.kind is None:
-        return PodClaim(allocation=None)
+        return PodClaim(allocation=None, request=request)
     ref = pod_ref(pod)
     who = describe(pod, "pod")
     raw_index = annotations_of(pod).get(contract.GPU_INDEX)
@@ -114,7 +116,7 @@ def claim_of(pod: Body) -> PodClaim:
     allocation = Allocation(
         pod=ref, node=NodeName(node), kind=request.kind, cards=cards, amount=request.total
     )
-    return PodClaim(allocation=allocation, problem=problem)
+    return PodClaim(allocation=allocation, problem=problem, request=request)
 
 
 def check_allocation(allocation: Allocation, inventory: NodeInventory) -> None:

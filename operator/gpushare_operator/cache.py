@@ -1,0 +1,350 @@
+"""The scheduler's view of the cluster: nodes, GPU usage, pod requests, and assumed pods.
+
+It is fed by the watches (observe_*/forget_*) and by the scheduler's own decisions
+(assume/forget_assumed), and every mutation is synchronous, so a decision taken between two
+awaits sees one consistent state. The GPU bookkeeping is the model's `Ledger`.
+
+A pod's life here, as in kube-scheduler's cache::
+
+    pending --assume--> assumed --watch shows it bound--> bound --finished/deleted--> gone
+               ^            |
+               +--forget----+  (the bind failed: back to pending)
+
+An assumed pod counts at once (GPU card, cpu, memory), so the next decision sees it before
+the watch does. A watch event that still shows an assumed pod unbound is stale and ignored.
+
+The exactness rule (DESIGN.md): the kubelet's Allocate names device ids, never the pod, so
+two pods on one node with the same request signature, both not yet `gpu-assigned`, must hold
+the same card; otherwise the device plugin could not tell them apart. `card_check` holds back
+other cards of that node for such a pod until the earlier one is assigned, or until
+`assignment_timeout_s` has passed (then it goes ahead, and says so).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+from gpushare.model import (
+    CardCheck,
+    CardIndex,
+    GpuKind,
+    GpuShareError,
+    Ledger,
+    NodeCheck,
+    NodeInventory,
+    NodeName,
+    Placement,
+    PodRef,
+    PodRequest,
+    PodUid,
+    claim_of,
+    contract,
+    node_inventory,
+    pod_ref,
+)
+from gpushare.model.bodies import Body, annotations_of, path, text
+from gpushare.model.filters import NodeFacts, PodNeeds, node_facts, node_reason
+from gpushare.model.resources import PODS, add_into, pod_requests
+from gpushare.model.usage import FINISHED_PHASES
+
+Signature = tuple[str, tuple[tuple[bool, int], ...]]
+
+
+class PodChange(Enum):
+    """What an observed pod event means for the scheduling queue."""
+
+    PENDING = "pending"
+    """Ours and unbound: (re)queue it."""
+    BOUND = "bound"
+    """Now holds resources on a node (or changed there)."""
+    ASSIGNED = "assigned"
+    """The device plugin served it: pods waiting behind it may go ahead."""
+    GONE = "gone"
+    """Finished or deleted: its resources are free again."""
+    IGNORED = "ignored"
+
+
+@dataclass(slots=True)
+class _Holder:
+    """A pod that holds resources on a node, observed or assumed."""
+
+    ref: PodRef
+    node: NodeName
+    requests: dict[str, int]
+    assumed: bool
+    pin: tuple[Signature, tuple[CardIndex, ...], float] | None = None
+    """(signature, cards, since) while it waits for the device plugin's assignment."""
+    body: Body | None = None
+    """For assumed pods: the pending body to restore if the bind fails."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeChange:
+    changed: bool
+    """Anything the filters or the GPU fit read has changed: parked pods may now fit."""
+    problem: str | None = None
+    """Why the node's GPUs cannot be used, when that just became so."""
+
+
+_UNSEEN = object()
+
+
+@dataclass(slots=True)
+class Problems:
+    """Things the cache could not honour, for the caller to log (once per change)."""
+
+    messages: list[str] = field(default_factory=list)
+
+
+class SchedulerCache:
+    def __init__(
+        self,
+        *,
+        scheduler_names: frozenset[str],
+        assignment_timeout_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.ledger = Ledger()
+        self.scheduler_names = scheduler_names
+        self.assignment_timeout_s = assignment_timeout_s
+        self._clock = clock
+        self._facts: dict[NodeName, NodeFacts] = {}
+        self._node_bodies: dict[NodeName, Body] = {}
+        self._gpunodes: dict[NodeName, Body] = {}
+        self._gpus: dict[NodeName, NodeInventory | str | None] = {}
+        self._requested: dict[NodeName, dict[str, int]] = {}
+        self._holders: dict[PodUid, _Holder] = {}
+        self._pending: dict[PodUid, Body] = {}
+        self._pins: dict[tuple[NodeName, Signature], dict[PodUid, _Holder]] = {}
+
+    # -- nodes and GPUNodes --------------------------------------------------------------
+
+    def observe_node(self, body: Body) -> NodeChange:
+        """Take a node's new state."""
+        name = NodeName(text(path(body, "metadata").get("name")) or "")
+        self._node_bodies[name] = body
+        facts = node_facts(body)
+        changed = self._facts.get(name) != facts
+        self._facts[name] = facts
+        return self._refresh_inventory(name, changed)
+
+    def forget_node(self, name: NodeName) -> None:
+        self._node_bodies.pop(name, None)
+        self._facts.pop(name, None)
+        self._gpus.pop(name, None)
+        self.ledger.remove_node(name)
+
+    def observe_gpunode(self, body: Body) -> NodeChange:
+        name = NodeName(text(path(body, "metadata").get("name")) or "")
+        self._gpunodes[name] = body
+        return self._refresh_inventory(name, False)
+
+    def forget_gpunode(self, name: NodeName) -> NodeChange:
+        self._gpunodes.pop(name, None)
+        return self._refresh_inventory(name, False)
+
+    def _refresh_inventory(self, name: NodeName, changed: bool) -> NodeChange:
+        node = self._node_bodies.get(name)
+        if node is None:
+            return NodeChange(changed=False)  # a GPUNode whose Node is not (yet) known
+        gpus: NodeInventory | str | None
+        try:
+            gpus = node_inventory(node, self._gpunodes.get(name))
+        except GpuShareError as error:
+            gpus = str(error)
+        if self._gpus.get(name, _UNSEEN) == gpus:
+            return NodeChange(changed=changed)
+        self._gpus[name] = gpus
+        if isinstance(gpus, NodeInventory):
+            self.ledger.set_node(gpus)
+        else:
+            self.ledger.set_node_without_gpu(name, gpus)
+        return NodeChange(changed=True, problem=gpus if isinstance(gpus, str) else None)
+
+    def node_names(self) -> list[NodeName]:
+        return sorted(self._facts)
+
+    def gpunode_names(self) -> list[NodeName]:
+        return sorted(self._gpunodes)
+
+    # -- pods ----------------------------------------------------------------------------
+
+    def is_ours(self, pod: Body) -> bool:
+        return text(path(pod, "spec").get("schedulerName")) in self.scheduler_names
+
+    def observe_pod(self, body: Body) -> tuple[PodChange, Problems]:
+        problems = Problems()
+        ref = pod_ref(body)
+        uid = ref.uid
+        spec = path(body, "spec")
+        node = text(spec.get("nodeName"))
+        finished = text(path(body, "status").get("phase")) in FINISHED_PHASES
+        if finished:
+            self._pending.pop(uid, None)
+            return (PodChange.GONE if self._release(uid) else PodChange.IGNORED), problems
+        if not node:
+            holder = self._holders.get(uid)
+            if holder is not None and holder.assumed:
+                return PodChange.IGNORED, problems  # a stale event from before our bind
+            terminating = path(body, "metadata").get("deletionTimestamp") is not None
+            if self.is_ours(body) and not terminating:
+                self._pending[uid] = body
+                return PodChange.PENDING, problems
+            self._pending.pop(uid, None)
+            return PodChange.IGNORED, problems
+        self._pending.pop(uid, None)
+        previous = self._holders.get(uid)
+        was_pinned = previous is not None and previous.pin is not None
+        self._release(uid)
+        try:
+            requests = pod_requests(body)
+        except GpuShareError as error:
+            problems.messages.append(f"{error}; only its pod slot is counted")
+            requests = {PODS: 1}
+        claim = claim_of(body)
+        if claim.problem:
+            problems.messages.append(claim.problem)
+        holder = _Holder(ref=ref, node=NodeName(node), requests=requests, assumed=False)
+        if claim.allocation is not None:
+            self.ledger.add(claim.allocation)
+            assigned = annotations_of(body).get(contract.GPU_ASSIGNED) == contract.GPU_ASSIGNED_TRUE
+            terminating = path(body, "metadata").get("deletionTimestamp") is not None
+            if claim.allocation.cards and claim.request and not assigned and not terminating:
+                since = _predicate_time(body) or self._clock()
+                holder.pin = (claim.request.signature, claim.allocation.cards, since)
+        self._hold(uid, holder)
+        if was_pinned and holder.pin is None:
+            return PodChange.ASSIGNED, problems
+        return PodChange.BOUND, problems
+
+    def forget_pod(self, uid: PodUid) -> PodChange:
+        """The pod was deleted."""
+        self._pending.pop(uid, None)
+        return PodChange.GONE if self._release(uid) else PodChange.IGNORED
+
+    def pending(self, uid: PodUid) -> Body | None:
+        """The latest body of a pod that waits to be scheduled by us."""
+        return self._pending.get(uid)
+
+    def pending_uids(self) -> list[PodUid]:
+        return list(self._pending)
+
+    # -- decisions -----------------------------------------------------------------------
+
+    def assume(
+        self,
+        body: Body,
+        placement: Placement | None,
+        node: NodeName,
+        request: PodRequest,
+        requests: Mapping[str, int],
+    ) -> None:
+        """Count a pod on `node` (and its card, if any) before the bind is confirmed."""
+        ref = pod_ref(body)
+        self._pending.pop(ref.uid, None)
+        holder = _Holder(ref=ref, node=node, requests=dict(requests), assumed=True, body=body)
+        if placement is not None:
+            self.ledger.add(placement.allocation(ref))
+            holder.pin = (request.signature, placement.cards, self._clock())
+        self._hold(ref.uid, holder)
+
+    def forget_assumed(self, uid: PodUid) -> Body | None:
+        """Undo `assume` after a failed bind; the pod is pending again (its body returned)."""
+        holder = self._holders.get(uid)
+        if holder is None or not holder.assumed:
+            return None
+        self._release(uid)
+        if holder.body is not None:
+            self._pending[uid] = holder.body
+        return holder.body
+
+    def is_assumed(self, uid: PodUid) -> bool:
+        holder = self._holders.get(uid)
+        return holder is not None and holder.assumed
+
+    def node_check(self, needs: PodNeeds) -> NodeCheck:
+        """The non-GPU filters for a pod with `needs`, against the current state."""
+
+        def check(node: NodeName) -> str | None:
+            facts = self._facts.get(node)
+            if facts is None:
+                return "node(s) were not found"
+            return node_reason(needs, facts, self._requested.get(node, {}))
+
+        return check
+
+    def card_check(self, request: PodRequest) -> CardCheck:
+        """The exactness rule for a pod with `request`, at this moment."""
+        signature = request.signature
+        now = self._clock()
+
+        def check(node: NodeName, card: CardIndex) -> str | None:
+            for holder in self._pins.get((node, signature), {}).values():
+                assert holder.pin is not None
+                _, cards, since = holder.pin
+                if now - since > self.assignment_timeout_s:
+                    continue
+                if request.kind is GpuKind.MEMORY and card in cards:
+                    continue
+                return (
+                    f"held back until pod {holder.ref} (same request, card "
+                    f"{','.join(map(str, cards))}) is assigned by the device plugin"
+                )
+            return None
+
+        return check
+
+    def expired_pins(self, request: PodRequest) -> list[PodRef]:
+        """Pods of the same signature whose assignment wait has run out (to log)."""
+        now = self._clock()
+        return [
+            holder.ref
+            for (_, signature), holders in self._pins.items()
+            if signature == request.signature
+            for holder in holders.values()
+            if holder.pin is not None and now - holder.pin[2] > self.assignment_timeout_s
+        ]
+
+    def requested(self, node: NodeName) -> Mapping[str, int]:
+        return self._requested.get(node, {})
+
+    def facts(self) -> Mapping[NodeName, NodeFacts]:
+        return self._facts
+
+    def holders_on(self, node: NodeName) -> list[PodRef]:
+        return [h.ref for h in self._holders.values() if h.node == node]
+
+    # -- bookkeeping ---------------------------------------------------------------------
+
+    def _hold(self, uid: PodUid, holder: _Holder) -> None:
+        self._holders[uid] = holder
+        add_into(self._requested.setdefault(holder.node, {}), holder.requests)
+        if holder.pin is not None:
+            self._pins.setdefault((holder.node, holder.pin[0]), {})[uid] = holder
+
+    def _release(self, uid: PodUid) -> bool:
+        holder = self._holders.pop(uid, None)
+        if holder is None:
+            return False
+        self.ledger.release(uid)
+        requested = self._requested.get(holder.node)
+        if requested is not None:
+            add_into(requested, holder.requests, -1)
+            if not requested:
+                del self._requested[holder.node]
+        if holder.pin is not None:
+            key = (holder.node, holder.pin[0])
+            pinned = self._pins.get(key, {})
+            pinned.pop(uid, None)
+            if not pinned:
+                self._pins.pop(key, None)
+        return True
+
+
+def _predicate_time(body: Body) -> float | None:
+    """`volcano.sh/predicate-time` in seconds, if it is a decimal nanosecond count."""
+    raw = annotations_of(body).get(contract.PREDICATE_TIME, "")
+    return int(raw) / 1e9 if raw.isdigit() and len(raw) < 25 else None

@@ -1,0 +1,169 @@
+"""Lease-based leader election: only the holder of the Lease binds pods.
+
+Every replica watches and keeps its cache warm; the one holding the coordination.k8s.io
+Lease also runs the decision loop and the status writer. A holder renews every
+`retry_period_s`; it stops leading if it cannot renew within `renew_deadline_s`; a standby
+takes over once `lease_duration_s` has passed since the last renewal (or at once when the
+holder releases the Lease on a clean shutdown). kopf's peering is not used: it pauses
+operators by priority and does not elect a leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gpushare import logs
+from gpushare.kube import ApiError
+from gpushare_operator.kubeapi import SchedulerApi
+
+
+def _micro(stamp: float) -> str:
+    moment = datetime.datetime.fromtimestamp(stamp, datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _seconds(raw: object) -> float | None:
+    if not isinstance(raw, str):
+        return None
+    try:
+        return datetime.datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+class LeaseElector:
+    def __init__(
+        self,
+        api: SchedulerApi,
+        *,
+        namespace: str,
+        name: str,
+        identity: str,
+        lease_duration_s: float,
+        renew_deadline_s: float,
+        retry_period_s: float,
+        on_started_leading: Callable[[], None],
+        on_stopped_leading: Callable[[], None],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._api = api
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.lease_duration_s = lease_duration_s
+        self.renew_deadline_s = renew_deadline_s
+        self.retry_period_s = retry_period_s
+        self._started = on_started_leading
+        self._stopped = on_stopped_leading
+        self._clock = clock
+        self.leading = False
+        self.last_contact: float | None = None
+        """When the API last answered a Lease call (for the liveness probe)."""
+        self._renewed_at = 0.0
+        self._log = logs.get("election", lease=f"{namespace}/{name}", identity=identity)
+
+    async def run(self) -> None:
+        while True:
+            await self.step()
+            await asyncio.sleep(self.retry_period_s)
+
+    async def step(self) -> None:
+        """One acquire-or-renew round, and the transitions it causes."""
+        held = await self._acquire_or_renew()
+        now = self._clock()
+        if held:
+            self._renewed_at = now
+            if not self.leading:
+                self.leading = True
+                self._log.info("started_leading")
+                self._started()
+        elif self.leading and now - self._renewed_at > self.renew_deadline_s:
+            self.leading = False
+            self._log.warning("stopped_leading", reason="could not renew the Lease in time")
+            self._stopped()
+
+    async def release(self) -> None:
+        """Give the Lease up now (clean shutdown), so a standby need not wait it out."""
+        if not self.leading:
+            return
+        self.leading = False
+        self._stopped()
+        lease = await self._read()
+        if lease is None or lease.get("spec", {}).get("holderIdentity") != self.identity:
+            return
+        lease["spec"]["holderIdentity"] = None
+        lease["spec"]["leaseDurationSeconds"] = 1
+        try:
+            await self._api.write_lease(self.namespace, lease, create=False)
+        except ApiError as error:
+            self._log.warning("release_failed", error=str(error))
+
+    async def _read(self) -> dict[str, Any] | None:
+        try:
+            lease = await self._api.read_lease(self.namespace, self.name)
+        except (ApiError, OSError, TimeoutError) as error:
+            self._log.warning("lease_read_failed", error=str(error))
+            raise _Unreachable from error
+        self.last_contact = self._clock()
+        return lease
+
+    async def _acquire_or_renew(self) -> bool:
+        try:
+            lease = await self._read()
+        except _Unreachable:
+            return False
+        now = self._clock()
+        stamp = _micro(now)
+        duration = max(1, round(self.lease_duration_s))
+        try:
+            if lease is None:
+                body = {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {"name": self.name, "namespace": self.namespace},
+                    "spec": {
+                        "holderIdentity": self.identity,
+                        "leaseDurationSeconds": duration,
+                        "acquireTime": stamp,
+                        "renewTime": stamp,
+                        "leaseTransitions": 0,
+                    },
+                }
+                await self._api.write_lease(self.namespace, body, create=True)
+                return True
+            spec = lease.setdefault("spec", {})
+            holder = spec.get("holderIdentity")
+            renewed = _seconds(spec.get("renewTime")) or 0.0
+            held_for = spec.get("leaseDurationSeconds") or duration
+            if holder and holder != self.identity and renewed + float(held_for) > now:
+                return False  # someone else holds a live Lease
+            if holder != self.identity:
+                spec["acquireTime"] = stamp
+                spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+            spec.update(
+                holderIdentity=self.identity, renewTime=stamp, leaseDurationSeconds=duration
+            )
+            # resourceVersion in the body: a concurrent writer makes this a 409.
+            await self._api.write_lease(self.namespace, lease, create=False)
+            return True
+        except ApiError as error:
+            if error.status == 404:
+                self._log.error(
+                    "lease_namespace_missing",
+                    error=error.message,
+                    fix=f"create namespace {self.namespace} or set GPUSHARE_LEASE_NAMESPACE",
+                )
+            elif error.status != 409:
+                self._log.warning("lease_write_failed", error=str(error))
+            return False
+        except (OSError, TimeoutError) as error:
+            self._log.warning("lease_write_failed", error=repr(error))
+            return False
+
+
+class _Unreachable(Exception):
+    """The Lease could not be read."""

@@ -1,0 +1,190 @@
+"""Every Kubernetes API call the operator makes, behind the `SchedulerApi` protocol.
+
+Writes go to: pods/binding (the bind, with the GPU annotations), pods/status (PodScheduled),
+events (Scheduled, FailedScheduling), gpunodes/status, gpushareconfigs/status and Leases.
+Reads of pods, nodes and GPUNodes come from kopf's watches, never from here.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from typing import Any, Protocol, cast
+
+from kubernetes_asyncio import client
+
+from gpushare.kube import ApiError, raw_json
+from gpushare.model import PodRef, contract
+
+COMPONENT = "gpushare-scheduler"
+CONFIG_PLURAL = "gpushareconfigs"
+
+
+def now_rfc3339(micro: bool = False) -> str:
+    stamp = datetime.datetime.now(datetime.UTC)
+    if micro:
+        return stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class SchedulerApi(Protocol):
+    async def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> None: ...
+
+    async def set_unschedulable(self, pod: PodRef, reason: str, message: str) -> None: ...
+
+    async def post_event(self, pod: PodRef, *, kind: str, reason: str, message: str) -> None: ...
+
+    async def patch_gpunode_status(self, name: str, status: Mapping[str, Any]) -> None: ...
+
+    async def report_config(self, name: str, *, accepted: bool, message: str) -> None: ...
+
+    async def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    async def write_lease(self, namespace: str, body: Mapping[str, Any], *, create: bool) -> None:
+        """Create the Lease, or replace it (the body's resourceVersion is the precondition)."""
+        ...
+
+
+class KubeSchedulerApi:
+    """SchedulerApi over kubernetes_asyncio, reading raw responses (see gpushare.kube)."""
+
+    def __init__(self, api: client.ApiClient, *, identity: str, timeout_s: float) -> None:
+        self._core = client.CoreV1Api(api)
+        self._objects = client.CustomObjectsApi(api)
+        self._leases = client.CoordinationV1Api(api)
+        self._identity = identity
+        self._timeout = timeout_s
+
+    async def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> None:
+        # The UID precondition makes the bind fail if the pod was replaced by a namesake.
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {
+                "name": pod.name,
+                "namespace": pod.namespace,
+                "uid": pod.uid,
+                "annotations": dict(annotations),
+            },
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        await raw_json(
+            self._core.create_namespaced_pod_binding(
+                pod.name,
+                pod.namespace,
+                cast(client.V1Binding, binding),
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
+        )
+
+    async def set_unschedulable(self, pod: PodRef, reason: str, message: str) -> None:
+        condition = {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": now_rfc3339(),
+        }
+        # Strategic merge: conditions merge by type; the pod's other conditions stay.
+        await raw_json(
+            self._core.patch_namespaced_pod_status(
+                pod.name,
+                pod.namespace,
+                {"status": {"conditions": [condition]}},
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
+        )
+
+    async def post_event(self, pod: PodRef, *, kind: str, reason: str, message: str) -> None:
+        stamp = now_rfc3339()
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "namespace": pod.namespace,
+                "name": pod.name,
+                "uid": pod.uid,
+            },
+            "type": kind,
+            "reason": reason,
+            "message": message,
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self._identity,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        await raw_json(
+            self._core.create_namespaced_event(
+                pod.namespace,
+                cast(client.CoreV1Event, event),
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
+        )
+
+    async def patch_gpunode_status(self, name: str, status: Mapping[str, Any]) -> None:
+        await raw_json(
+            self._objects.patch_cluster_custom_object_status(
+                contract.INVENTORY_GROUP,
+                contract.INVENTORY_VERSION,
+                contract.INVENTORY_PLURAL,
+                name,
+                {"status": dict(status)},
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
+        )
+
+    async def report_config(self, name: str, *, accepted: bool, message: str) -> None:
+        status = {"accepted": accepted, "message": message, "observedAt": now_rfc3339()}
+        await raw_json(
+            self._objects.patch_cluster_custom_object_status(
+                contract.INVENTORY_GROUP,
+                contract.INVENTORY_VERSION,
+                CONFIG_PLURAL,
+                name,
+                {"status": status},
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
+        )
+
+    async def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await raw_json(
+                self._leases.read_namespaced_lease(
+                    name, namespace, _preload_content=False, _request_timeout=self._timeout
+                )
+            )
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+
+    async def write_lease(self, namespace: str, body: Mapping[str, Any], *, create: bool) -> None:
+        if create:
+            await raw_json(
+                self._leases.create_namespaced_lease(
+                    namespace,
+                    cast(client.V1Lease, dict(body)),
+                    _preload_content=False,
+                    _request_timeout=self._timeout,
+                )
+            )
+        else:
+            await raw_json(
+                self._leases.replace_namespaced_lease(
+                    body["metadata"]["name"],
+                    namespace,
+                    cast(client.V1Lease, dict(body)),
+                    _preload_content=False,
+                    _request_timeout=self._timeout,
+                )
+            )

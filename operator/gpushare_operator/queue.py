@@ -1,0 +1,145 @@
+"""The scheduling queue: which pending pod is tried next, and when a failed one is retried.
+
+Three places, as in kube-scheduler's PriorityQueue:
+- active: ready now; higher `spec.priority` first, then first come, first served;
+- backoff: a bind failed; retried after 1 s, 2 s, 4 s ... up to the maximum;
+- parked: unschedulable; retried when the cluster changes in a way that could help (`wake`:
+  a node changed, a pod went away or was assigned, a GPUNode changed) or, at the latest,
+  after `unschedulable_retry_s`, never in a hot loop.
+
+Time comes from an injected clock, so tests drive it without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpushare.model import PodUid
+
+
+@dataclass(frozen=True, slots=True)
+class Depth:
+    active: int
+    backoff: int
+    parked: int
+
+
+class SchedulingQueue:
+    def __init__(
+        self,
+        *,
+        backoff_initial_s: float,
+        backoff_max_s: float,
+        unschedulable_retry_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.unschedulable_retry_s = unschedulable_retry_s
+        self._clock = clock
+        self._order = itertools.count()
+        self._active: list[tuple[int, int, PodUid]] = []
+        self._in_active: dict[PodUid, int] = {}
+        self._backoff: list[tuple[float, int, PodUid]] = []
+        self._ready_at: dict[PodUid, float] = {}
+        self._parked: dict[PodUid, float] = {}
+        self._attempts: dict[PodUid, int] = {}
+        self._priority: dict[PodUid, int] = {}
+        self._changed = asyncio.Event()
+
+    def add(self, uid: PodUid, priority: int = 0) -> None:
+        """A pod to schedule, new or updated: active now, unless it is backing off."""
+        self._priority[uid] = priority
+        self._parked.pop(uid, None)
+        if uid in self._ready_at:
+            return
+        self._activate(uid)
+
+    def remove(self, uid: PodUid) -> None:
+        """The pod is bound or gone: forget it entirely."""
+        self._in_active.pop(uid, None)
+        self._ready_at.pop(uid, None)
+        self._parked.pop(uid, None)
+        self._attempts.pop(uid, None)
+        self._priority.pop(uid, None)
+
+    def backoff(self, uid: PodUid) -> float:
+        """Retry after an error; returns the delay."""
+        attempts = self._attempts.get(uid, 0) + 1
+        self._attempts[uid] = attempts
+        delay: float = min(self.backoff_initial_s * 2.0 ** (attempts - 1), self.backoff_max_s)
+        self._in_active.pop(uid, None)
+        self._parked.pop(uid, None)
+        ready = self._clock() + delay
+        self._ready_at[uid] = ready
+        heapq.heappush(self._backoff, (ready, next(self._order), uid))
+        self._changed.set()
+        return delay
+
+    def park(self, uid: PodUid) -> None:
+        """Unschedulable now: wait for a helpful change (or the retry interval)."""
+        self._in_active.pop(uid, None)
+        self._parked[uid] = self._clock()
+
+    def wake(self) -> None:
+        """The cluster changed: every parked pod gets another try."""
+        for uid in list(self._parked):
+            del self._parked[uid]
+            self._activate(uid)
+
+    def depth(self) -> Depth:
+        return Depth(
+            active=len(self._in_active), backoff=len(self._ready_at), parked=len(self._parked)
+        )
+
+    def pop_ready(self) -> PodUid | None:
+        """The next pod to try now, if any (moving due backoffs and stale parkings first)."""
+        now = self._clock()
+        while self._backoff and self._backoff[0][0] <= now:
+            ready, _, uid = heapq.heappop(self._backoff)
+            if self._ready_at.get(uid) == ready:
+                del self._ready_at[uid]
+                self._activate(uid)
+        for uid, since in list(self._parked.items()):
+            if now - since >= self.unschedulable_retry_s:
+                del self._parked[uid]
+                self._activate(uid)
+        while self._active:
+            _, order, uid = heapq.heappop(self._active)
+            if self._in_active.get(uid) == order:
+                del self._in_active[uid]
+                return uid
+        return None
+
+    def next_due_in(self) -> float | None:
+        """Seconds until a backoff or parking runs out (None: nothing is waiting)."""
+        dues = list(self._ready_at.values())
+        dues += [since + self.unschedulable_retry_s for since in self._parked.values()]
+        if not dues:
+            return None
+        return max(0.0, min(dues) - self._clock())
+
+    async def pop(self) -> PodUid:
+        """Wait for the next pod to try."""
+        while True:
+            self._changed.clear()
+            uid = self.pop_ready()
+            if uid is not None:
+                return uid
+            due = self.next_due_in()
+            try:
+                async with asyncio.timeout(due):
+                    await self._changed.wait()
+            except TimeoutError:
+                pass
+
+    def _activate(self, uid: PodUid) -> None:
+        order = next(self._order)
+        self._in_active[uid] = order
+        heapq.heappush(self._active, (-self._priority.get(uid, 0), order, uid))
+        self._changed.set()

@@ -1,0 +1,216 @@
+"""The operator's parts wired together, independent of kopf: what the handlers feed.
+
+`Runtime` owns the cache, the queue, the scheduler, the status writer and the elector, and
+the long-running tasks: the elector always runs; the decision loop and the status writer run
+only while this replica leads (or always, with leader election off).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Iterable
+
+from gpushare import logs
+from gpushare.model import NodeName, PodUid
+from gpushare.model.bodies import Body, path, text
+from gpushare_operator.cache import PodChange, SchedulerCache
+from gpushare_operator.config import ConfigError, OperatorConfig, describe, with_live
+from gpushare_operator.election import LeaseElector
+from gpushare_operator.kubeapi import SchedulerApi
+from gpushare_operator.metrics import SchedulerMetrics
+from gpushare_operator.queue import SchedulingQueue
+from gpushare_operator.reporting import Reporter
+from gpushare_operator.scheduler import Scheduler
+from gpushare_operator.status import StatusWriter
+
+LIVE_CONFIG_NAME = "default"
+
+
+class Runtime:
+    def __init__(
+        self, *, config: OperatorConfig, api: SchedulerApi, metrics: SchedulerMetrics | None = None
+    ) -> None:
+        self.base_config = config
+        self.config = config
+        self.api = api
+        self.metrics = metrics or SchedulerMetrics()
+        self.cache = SchedulerCache(
+            scheduler_names=config.scheduler_names, assignment_timeout_s=config.assignment_timeout_s
+        )
+        self.queue = SchedulingQueue(
+            backoff_initial_s=config.backoff_initial_s,
+            backoff_max_s=config.backoff_max_s,
+            unschedulable_retry_s=config.unschedulable_retry_s,
+        )
+        self.reporter = Reporter(api)
+        self.scheduler = Scheduler(
+            cache=self.cache,
+            queue=self.queue,
+            api=api,
+            reporter=self.reporter,
+            metrics=self.metrics,
+            config=lambda: self.config,
+        )
+        self.status = StatusWriter(
+            cache=self.cache, api=api, metrics=self.metrics, interval_s=config.status_interval_s
+        )
+        self.elector = LeaseElector(
+            api,
+            namespace=config.lease_namespace,
+            name=config.lease_name,
+            identity=config.identity,
+            lease_duration_s=config.lease_duration_s,
+            renew_deadline_s=config.renew_deadline_s,
+            retry_period_s=config.retry_period_s,
+            on_started_leading=self._start_leading,
+            on_stopped_leading=self._stop_leading,
+        )
+        self.synced = asyncio.Event()
+        self.started_at = time.monotonic()
+        self.last_event: dict[str, float] = {}
+        self._leader_tasks: list[asyncio.Task[None]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._logged_problems: dict[str, str] = {}
+        self._log = logs.get("operator", identity=config.identity)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._log.info("starting", config=describe(self.config))
+        if self.config.leader_elect:
+            self._tasks.append(asyncio.create_task(self.elector.run(), name="elector"))
+        else:
+            self._start_leading()
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.config.leader_elect:
+            with contextlib.suppress(Exception):  # best effort on the way out
+                await self.elector.release()
+        await self._cancel_leader_tasks()
+
+    @property
+    def leading(self) -> bool:
+        return self.elector.leading or not self.config.leader_elect
+
+    def _start_leading(self) -> None:
+        self.metrics.leader.set(1)
+        self._leader_tasks = [
+            asyncio.create_task(self._when_synced(self.scheduler.run), name="scheduler"),
+            asyncio.create_task(self._when_synced(self.status.run), name="status"),
+        ]
+
+    def _stop_leading(self) -> None:
+        self.metrics.leader.set(0)
+        for task in self._leader_tasks:
+            task.cancel()
+
+    async def _cancel_leader_tasks(self) -> None:
+        self._stop_leading()
+        await asyncio.gather(*self._leader_tasks, return_exceptions=True)
+        self._leader_tasks = []
+
+    async def _when_synced(self, work: Callable[[], Awaitable[None]]) -> None:
+        """Leader work starts only once the cache holds everything the watches listed."""
+        await self.synced.wait()
+        await work()
+
+    # -- feeding the cache ---------------------------------------------------------------
+
+    def sync(self, nodes: Iterable[Body], gpunodes: Iterable[Body], pods: Iterable[Body]) -> None:
+        """Load everything the watches listed (once, when kopf's indexes are complete)."""
+        if self.synced.is_set():
+            return
+        for node in nodes:
+            self.node_event("MODIFIED", node)
+        for gpunode in gpunodes:
+            self.gpunode_event("MODIFIED", gpunode)
+        for pod in pods:
+            self.pod_event("MODIFIED", pod)
+        self.synced.set()
+        self._log.info(
+            "synced", nodes=len(self.cache.node_names()), pending=len(self.cache.pending_uids())
+        )
+
+    def pod_event(self, kind: str | None, body: Body) -> None:
+        self.last_event["pods"] = time.monotonic()
+        uid = PodUid(text(path(body, "metadata").get("uid")) or "")
+        if kind == "DELETED":
+            change = self.cache.forget_pod(uid)
+            self.reporter.forget(uid)
+            self.queue.remove(uid)
+        else:
+            change, problems = self.cache.observe_pod(body)
+            for message in problems.messages:
+                self._log_once(f"pod {uid}", message)
+        if change is PodChange.PENDING:
+            priority = path(body, "spec").get("priority")
+            self.queue.add(uid, priority if isinstance(priority, int) else 0)
+        elif change is PodChange.BOUND:
+            self.queue.remove(uid)
+        elif change is PodChange.GONE:
+            self.queue.remove(uid)
+            self.queue.wake()
+        elif change is PodChange.ASSIGNED:
+            self.queue.wake()
+
+    def node_event(self, kind: str | None, body: Body) -> None:
+        self.last_event["nodes"] = time.monotonic()
+        name = text(path(body, "metadata").get("name")) or ""
+        if kind == "DELETED":
+            self.cache.forget_node(NodeName(name))
+            return
+        change = self.cache.observe_node(body)
+        if change.problem:
+            self._log_once(f"node {name}", change.problem)
+        if change.changed:
+            self.queue.wake()
+
+    def gpunode_event(self, kind: str | None, body: Body) -> None:
+        self.last_event["gpunodes"] = time.monotonic()
+        name = NodeName(text(path(body, "metadata").get("name")) or "")
+        change = (
+            self.cache.forget_gpunode(name)
+            if kind == "DELETED"
+            else self.cache.observe_gpunode(body)
+        )
+        if change.problem:
+            self._log_once(f"gpunode {name}", change.problem)
+        if change.changed:
+            self.queue.wake()
+
+    def _log_once(self, key: str, message: str) -> None:
+        if self._logged_problems.get(key) != message:
+            self._logged_problems[key] = message
+            self._log.warning("cannot_honour", object=key, problem=message)
+
+    # -- live configuration --------------------------------------------------------------
+
+    def apply_config(
+        self, kind: str | None, name: str, spec: Body, pods: Iterable[Body]
+    ) -> tuple[bool, str]:
+        """Apply a GPUShareConfig; returns (accepted, message) for its status."""
+        if name != LIVE_CONFIG_NAME:
+            return False, f"ignored: only the GPUShareConfig named {LIVE_CONFIG_NAME!r} is read"
+        try:
+            config = self.base_config if kind == "DELETED" else with_live(self.base_config, spec)
+        except ConfigError as error:
+            self._log.warning("config_refused", error=str(error))
+            return False, f"{error}; the previous configuration stays in force"
+        names_changed = config.scheduler_names != self.config.scheduler_names
+        self.config = config
+        self.cache.scheduler_names = config.scheduler_names
+        self.cache.assignment_timeout_s = config.assignment_timeout_s
+        self.queue.backoff_initial_s = config.backoff_initial_s
+        self.queue.backoff_max_s = config.backoff_max_s
+        self.queue.unschedulable_retry_s = config.unschedulable_retry_s
+        if names_changed:
+            for pod in pods:  # pods of a newly served (or dropped) scheduler name
+                if not text(path(pod, "spec").get("nodeName")):
+                    self.pod_event("MODIFIED", pod)
+        self._log.info("config_applied", config=describe(config))
+        return True, "applied"

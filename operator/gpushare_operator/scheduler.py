@@ -1,0 +1,233 @@
+"""The decision loop: one pod at a time against consistent state; binds in flight together.
+
+A scheduling cycle (`schedule_one`) is synchronous: pop a pod, read its request, filter and
+place it with the model, and assume the result in the cache; only then does the binding
+cycle (`_bind`) run as its own task, so the next decision sees this one at once while API
+calls overlap. A failed bind forgets the assumption and backs the pod off; a 409 or 404
+(someone else bound it, or it is gone) drops it, the watch brings the truth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from structlog.typing import FilteringBoundLogger
+
+from gpushare import logs
+from gpushare.kube import ApiError
+from gpushare.model import (
+    Diagnosis,
+    GpuShareError,
+    NodeName,
+    Placement,
+    PodRef,
+    PodRequest,
+    PodUid,
+    contract,
+    gpu_request,
+    place,
+    pod_ref,
+)
+from gpushare.model.bodies import Body, path, text
+from gpushare.model.filters import choose_node, pod_needs, unsupported
+from gpushare_operator.cache import SchedulerCache
+from gpushare_operator.config import OperatorConfig
+from gpushare_operator.kubeapi import SchedulerApi
+from gpushare_operator.metrics import SchedulerMetrics
+from gpushare_operator.queue import SchedulingQueue
+from gpushare_operator.reporting import Reporter
+
+_BIND_ATTEMPTS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class _Decision:
+    body: Body
+    pod: PodRef
+    node: NodeName
+    placement: Placement | None
+
+
+class Scheduler:
+    def __init__(
+        self,
+        *,
+        cache: SchedulerCache,
+        queue: SchedulingQueue,
+        api: SchedulerApi,
+        reporter: Reporter,
+        metrics: SchedulerMetrics,
+        config: Callable[[], OperatorConfig],
+    ) -> None:
+        self.cache = cache
+        self.queue = queue
+        self._api = api
+        self._reporter = reporter
+        self._metrics = metrics
+        self._config = config
+        self._binds: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(config().max_concurrent_binds)
+        self._log = logs.get("scheduler")
+
+    async def run(self) -> None:
+        """Schedule until cancelled; in-flight binds are cancelled with it."""
+        try:
+            while True:
+                uid = await self.queue.pop()
+                decision = self.schedule_one(uid)
+                if decision is not None:
+                    await self._slots.acquire()  # bounds the binds in flight
+                    task = asyncio.create_task(self._bind(decision), name=f"bind {decision.pod}")
+                    self._binds.add(task)
+                    task.add_done_callback(self._binds.discard)
+                depth = self.queue.depth()
+                self._metrics.queue_depth.labels("active").set(depth.active)
+                self._metrics.queue_depth.labels("backoff").set(depth.backoff)
+                self._metrics.queue_depth.labels("unschedulable").set(depth.parked)
+        finally:
+            for task in self._binds:
+                task.cancel()
+            await asyncio.gather(*self._binds, return_exceptions=True)
+
+    # -- scheduling cycle (synchronous) --------------------------------------------------
+
+    def schedule_one(self, uid: PodUid) -> _Decision | None:
+        """Decide for one pod: assume and return the decision, or report why not."""
+        body = self.cache.pending(uid)
+        if body is None:
+            self.queue.remove(uid)
+            return None
+        if path(body, "spec").get("schedulingGates"):
+            self.queue.park(uid)  # the apiserver refuses to bind gated pods
+            return None
+        pod = pod_ref(body)
+        outcome = self._decide(body, pod)
+        if isinstance(outcome, str):
+            self._unschedulable(uid, pod, outcome)
+            return None
+        return outcome
+
+    def _decide(self, body: Body, pod: PodRef) -> _Decision | str:
+        try:
+            request = gpu_request(body)
+            needs = pod_needs(body)
+        except GpuShareError as error:
+            return str(error)
+        reason = unsupported(body)
+        if reason is not None:
+            return reason
+        if request.kind is None:
+            chosen = choose_node(self.cache.facts(), self.cache.requested, needs)
+            if isinstance(chosen, Diagnosis):
+                return chosen.summary()
+            self.cache.assume(body, None, chosen, request, needs.requests)
+            return _Decision(body=body, pod=pod, node=chosen, placement=None)
+        result = place(
+            self.cache.ledger,
+            request,
+            self._config().policy,
+            node_check=self.cache.node_check(needs),
+            card_check=self.cache.card_check(request),
+        )
+        if isinstance(result, Diagnosis):
+            return result.summary()
+        self._log_expired_waits(request, pod)
+        self.cache.assume(body, result, result.node, request, needs.requests)
+        return _Decision(body=body, pod=pod, node=result.node, placement=result)
+
+    def _unschedulable(self, uid: PodUid, pod: PodRef, message: str) -> None:
+        self.queue.park(uid)
+        self._metrics.attempts.labels("unschedulable").inc()
+        self._log.info("unschedulable", pod=str(pod), reason=message)
+        task = asyncio.create_task(self._reporter.unschedulable(pod, message), name=f"report {pod}")
+        self._binds.add(task)
+        task.add_done_callback(self._binds.discard)
+
+    def _log_expired_waits(self, request: PodRequest, pod: PodRef) -> None:
+        for earlier in self.cache.expired_pins(request):
+            self._log.warning(
+                "assignment_wait_expired",
+                pod=str(pod),
+                waited_for=str(earlier),
+                note="placed although an earlier pod of the same request is still unassigned",
+            )
+
+    # -- binding cycle (concurrent) ------------------------------------------------------
+
+    async def _bind(self, decision: _Decision) -> None:
+        try:
+            await self._bind_once(decision)
+        finally:
+            self._slots.release()
+
+    async def _bind_once(self, decision: _Decision) -> None:
+        """Bind, retrying the same decision on transient errors (the assumption stays, so
+        a bind that succeeded unseen is never counted twice, nor its card given away)."""
+        pod, node, placement = decision.pod, decision.node, decision.placement
+        log = self._log.bind(
+            pod=str(pod), node=node, card=list(placement.cards) if placement else None
+        )
+        annotations: dict[str, str] = {}
+        if placement is not None:
+            annotations = placement.allocation(pod).annotations()
+            annotations[contract.PREDICATE_TIME] = str(time.time_ns())
+        config = self._config()
+        delay = config.backoff_initial_s
+        for attempt in range(1, _BIND_ATTEMPTS + 1):
+            try:
+                async with asyncio.timeout(config.bind_timeout_s):
+                    await self._api.bind(pod, node, annotations)
+                break
+            except ApiError as error:
+                if error.status == 404:
+                    self.cache.forget_pod(pod.uid)  # deleted meanwhile
+                    self._dropped(pod, log, error)
+                    return
+                if error.status == 409:
+                    # Already bound (perhaps by our own earlier attempt) or replaced by a
+                    # namesake: keep the assumption until the watch shows the truth.
+                    self._dropped(pod, log, error)
+                    return
+                if error.status < 500 and error.status != 429:
+                    self._requeue(pod, log, f"{error.status}: {error.message}")
+                    return
+                log.warning("bind_retry", attempt=attempt, error=str(error))
+            except (TimeoutError, OSError) as error:
+                log.warning("bind_retry", attempt=attempt, error=repr(error))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, config.backoff_max_s)
+        else:
+            self._requeue(pod, log, f"no answer after {_BIND_ATTEMPTS} attempts")
+            return
+        self.queue.remove(pod.uid)
+        self._metrics.attempts.labels("scheduled").inc()
+        created = _created(decision.body)
+        if created is not None:
+            self._metrics.latency.observe(max(0.0, time.time() - created))
+        log.info("pod_bound", free_after=placement.free_after if placement else None)
+        await self._reporter.bound(pod, node, placement)
+
+    def _dropped(self, pod: PodRef, log: FilteringBoundLogger, error: ApiError) -> None:
+        self.queue.remove(pod.uid)
+        self._metrics.attempts.labels("dropped").inc()
+        log.info("bind_dropped", status=error.status, reason=error.message)
+
+    def _requeue(self, pod: PodRef, log: FilteringBoundLogger, error: str) -> None:
+        self.cache.forget_assumed(pod.uid)
+        delay = self.queue.backoff(pod.uid)
+        self._metrics.attempts.labels("error").inc()
+        log.warning("bind_failed", error=error, retry_in_s=delay)
+
+
+def _created(body: Body) -> float | None:
+    raw = text(path(body, "metadata").get("creationTimestamp"))
+    if raw is None:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

@@ -1,0 +1,123 @@
+"""Small helpers the integration tests share: pods as users write them, waiting, reading."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from kubernetes_asyncio import client
+
+from gpushare.kube import raw_json
+from gpushare.model import contract
+
+T = TypeVar("T")
+
+
+def gpu_pod(
+    name: str,
+    memory: int | str | None = None,
+    *,
+    number: int | None = None,
+    scheduler: str = "volcano",
+    extra_containers: list[dict[str, Any]] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    """A pod like the guide's gpu-pod1 (one container with a GPU limit)."""
+    limits: dict[str, str] = {}
+    if memory is not None:
+        limits[contract.GPU_MEMORY] = str(memory)
+    if number is not None:
+        limits[contract.GPU_NUMBER] = str(number)
+    containers = [
+        {
+            "name": "cuda-container",
+            "image": "nvidia/cuda:9.0-devel",
+            "command": ["sleep"],
+            "args": ["100000"],
+            "resources": {"limits": limits},
+        }
+    ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": scheduler,
+            "containers": containers + (extra_containers or []),
+            **spec,
+        },
+    }
+
+
+async def create_pod(
+    core: client.CoreV1Api, body: dict[str, Any], namespace: str = "default"
+) -> dict[str, Any]:
+    return await raw_json(core.create_namespaced_pod(namespace, body, _preload_content=False))
+
+
+async def read_pod(core: client.CoreV1Api, name: str, namespace: str = "default") -> dict[str, Any]:
+    return await raw_json(core.read_namespaced_pod(name, namespace, _preload_content=False))
+
+
+async def list_pods(core: client.CoreV1Api, namespace: str = "default") -> list[dict[str, Any]]:
+    listed = await raw_json(core.list_namespaced_pod(namespace, _preload_content=False))
+    items: list[dict[str, Any]] = listed["items"]
+    return items
+
+
+async def events_of(
+    core: client.CoreV1Api, name: str, namespace: str = "default"
+) -> list[dict[str, Any]]:
+    listed = await raw_json(
+        core.list_namespaced_event(
+            namespace, field_selector=f"involvedObject.name={name}", _preload_content=False
+        )
+    )
+    items: list[dict[str, Any]] = listed["items"]
+    return items
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T | None]], *, timeout_s: float = 30, what: str = "the condition"
+) -> T:
+    """The first truthy result of `probe`, polled until `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = await probe()
+        if last:
+            return last
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {last!r})")
+
+
+async def bound(
+    core: client.CoreV1Api, name: str, namespace: str = "default", timeout_s: float = 30
+) -> dict[str, Any]:
+    async def probe() -> dict[str, Any] | None:
+        pod = await read_pod(core, name, namespace)
+        return pod if pod["spec"].get("nodeName") else None
+
+    return await eventually(probe, timeout_s=timeout_s, what=f"pod {name} to be bound")
+
+
+async def unschedulable(
+    core: client.CoreV1Api, name: str, namespace: str = "default", timeout_s: float = 30
+) -> str:
+    """The PodScheduled=False message, once the scheduler has given one."""
+
+    async def probe() -> str | None:
+        pod = await read_pod(core, name, namespace)
+        for condition in pod.get("status", {}).get("conditions", []):
+            if condition["type"] == "PodScheduled" and condition["status"] == "False":
+                return str(condition.get("message", ""))
+        return None
+
+    return await eventually(probe, timeout_s=timeout_s, what=f"pod {name} to be unschedulable")
+
+
+def gpu_index(pod: dict[str, Any]) -> str | None:
+    value = pod["metadata"].get("annotations", {}).get(contract.GPU_INDEX)
+    return value if isinstance(value, str) else None
