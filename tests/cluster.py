@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from kubernetes_asyncio import client
 
@@ -54,7 +54,9 @@ def gpu_pod(
 async def create_pod(
     core: client.CoreV1Api, body: dict[str, Any], namespace: str = "default"
 ) -> dict[str, Any]:
-    return await raw_json(core.create_namespaced_pod(namespace, body, _preload_content=False))
+    return await raw_json(
+        core.create_namespaced_pod(namespace, cast(client.V1Pod, body), _preload_content=False)
+    )
 
 
 async def read_pod(core: client.CoreV1Api, name: str, namespace: str = "default") -> dict[str, Any]:
