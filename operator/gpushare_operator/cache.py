@@ -191,6 +191,10 @@ class SchedulerCache:
                 return PodChange.IGNORED, problems  # a stale event from before our bind
             terminating = path(body, "metadata").get("deletionTimestamp") is not None
             if self.is_ours(body) and not terminating:
+                if self._pending.get(uid) == body:
+                    # Only its status changed (our own PodScheduled condition, say): trying
+                    # again would loop on our own writes.
+                    return PodChange.IGNORED, problems
                 self._pending[uid] = body
                 return PodChange.PENDING, problems
             self._pending.pop(uid, None)
@@ -296,6 +300,18 @@ class SchedulerCache:
             return None
 
         return check
+
+    def next_pin_expiry_in(self, request: PodRequest) -> float | None:
+        """Seconds until the first live assignment wait for `request`'s signature runs out."""
+        now = self._clock()
+        ends = [
+            holder.pin[2] + self.assignment_timeout_s - now
+            for (_, signature), holders in self._pins.items()
+            if signature == request.signature
+            for holder in holders.values()
+            if holder.pin is not None and now - holder.pin[2] <= self.assignment_timeout_s
+        ]
+        return max(0.0, min(ends)) + 0.01 if ends else None
 
     def expired_pins(self, request: PodRequest) -> list[PodRef]:
         """Pods of the same signature whose assignment wait has run out (to log)."""

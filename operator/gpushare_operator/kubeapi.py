@@ -17,6 +17,7 @@ from gpushare.kube import ApiError, raw_json
 from gpushare.model import PodRef, contract
 
 COMPONENT = "gpushare-scheduler"
+_MERGE_PATCH = "application/merge-patch+json"  # custom objects default to JSON Patch
 CONFIG_PLURAL = "gpushareconfigs"
 
 
@@ -138,6 +139,7 @@ class KubeSchedulerApi:
                 name,
                 {"status": dict(status)},
                 _preload_content=False,
+                _content_type=_MERGE_PATCH,
                 _request_timeout=self._timeout,
             )
         )
@@ -152,6 +154,7 @@ class KubeSchedulerApi:
                 name,
                 {"status": status},
                 _preload_content=False,
+                _content_type=_MERGE_PATCH,
                 _request_timeout=self._timeout,
             )
         )

@@ -47,7 +47,7 @@ class SchedulingQueue:
         self._in_active: dict[PodUid, int] = {}
         self._backoff: list[tuple[float, int, PodUid]] = []
         self._ready_at: dict[PodUid, float] = {}
-        self._parked: dict[PodUid, float] = {}
+        self._parked: dict[PodUid, float] = {}  # until when
         self._attempts: dict[PodUid, int] = {}
         self._priority: dict[PodUid, int] = {}
         self._changed = asyncio.Event()
@@ -81,10 +81,17 @@ class SchedulingQueue:
         self._changed.set()
         return delay
 
-    def park(self, uid: PodUid) -> None:
-        """Unschedulable now: wait for a helpful change (or the retry interval)."""
+    def park(self, uid: PodUid, retry_in_s: float | None = None) -> None:
+        """Unschedulable now: wait for a helpful change, or the retry interval (or
+        `retry_in_s`, when something is known to change by then)."""
         self._in_active.pop(uid, None)
-        self._parked[uid] = self._clock()
+        wait = (
+            self.unschedulable_retry_s
+            if retry_in_s is None
+            else min(retry_in_s, self.unschedulable_retry_s)
+        )
+        self._parked[uid] = self._clock() + wait
+        self._changed.set()
 
     def wake(self) -> None:
         """The cluster changed: every parked pod gets another try."""
@@ -105,8 +112,8 @@ class SchedulingQueue:
             if self._ready_at.get(uid) == ready:
                 del self._ready_at[uid]
                 self._activate(uid)
-        for uid, since in list(self._parked.items()):
-            if now - since >= self.unschedulable_retry_s:
+        for uid, until in list(self._parked.items()):
+            if until <= now:
                 del self._parked[uid]
                 self._activate(uid)
         while self._active:
@@ -119,7 +126,7 @@ class SchedulingQueue:
     def next_due_in(self) -> float | None:
         """Seconds until a backoff or parking runs out (None: nothing is waiting)."""
         dues = list(self._ready_at.values())
-        dues += [since + self.unschedulable_retry_s for since in self._parked.values()]
+        dues += list(self._parked.values())
         if not dues:
             return None
         return max(0.0, min(dues) - self._clock())

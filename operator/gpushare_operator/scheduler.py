@@ -107,9 +107,16 @@ class Scheduler:
         pod = pod_ref(body)
         outcome = self._decide(body, pod)
         if isinstance(outcome, str):
-            self._unschedulable(uid, pod, outcome)
+            self._unschedulable(uid, pod, outcome, retry_in_s=self._waits_end_in(body))
             return None
         return outcome
+
+    def _waits_end_in(self, body: Body) -> float | None:
+        """When an assignment wait that may hold this pod back runs out."""
+        try:
+            return self.cache.next_pin_expiry_in(gpu_request(body))
+        except GpuShareError:
+            return None
 
     def _decide(self, body: Body, pod: PodRef) -> _Decision | str:
         try:
@@ -139,8 +146,10 @@ class Scheduler:
         self.cache.assume(body, result, result.node, request, needs.requests)
         return _Decision(body=body, pod=pod, node=result.node, placement=result)
 
-    def _unschedulable(self, uid: PodUid, pod: PodRef, message: str) -> None:
-        self.queue.park(uid)
+    def _unschedulable(
+        self, uid: PodUid, pod: PodRef, message: str, retry_in_s: float | None = None
+    ) -> None:
+        self.queue.park(uid, retry_in_s)
         self._metrics.attempts.labels("unschedulable").inc()
         self._log.info("unschedulable", pod=str(pod), reason=message)
         task = asyncio.create_task(self._reporter.unschedulable(pod, message), name=f"report {pod}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from gpushare.model import contract
 from gpushare.model.bodies import Body, describe, mapping, path, sequence, text
 from gpushare.model.diagnosis import Diagnosis, NodeProblem, NodeVerdict
 from gpushare.model.errors import GpuShareError
@@ -23,6 +24,7 @@ from gpushare.model.request import NO_GPU
 from gpushare.model.resources import PODS, pod_requests, resource_list
 
 _HARD_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+_GPU_RESOURCES = frozenset({contract.GPU_MEMORY, contract.GPU_NUMBER})
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 
 
@@ -149,6 +151,8 @@ def _insufficient(
     needs: Mapping[str, int], allocatable: Mapping[str, int], requested: Mapping[str, int]
 ) -> str | None:
     for name in sorted(needs):
+        if name in _GPU_RESOURCES:
+            continue  # the card fit counts these, card by card, with better reasons
         free = allocatable.get(name, 0) - requested.get(name, 0)
         if needs[name] > free:
             return "Too many pods" if name == PODS else f"Insufficient {name}"

@@ -1,0 +1,306 @@
+"""The exactness rule, pods of other schedulers, unsupported constraints, retries, status and
+live configuration, against a real apiserver."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from cluster import (
+    bound,
+    create_pod,
+    events_of,
+    eventually,
+    gpu_index,
+    gpu_pod,
+    read_pod,
+    unschedulable,
+)
+from kubernetes_asyncio import client
+
+from gpushare.kube import raw_json
+from gpushare.model import contract
+from gpushare_harness import FakeGpuNode, create_gpu_node
+from gpushare_harness.controlplane import free_port
+from gpushare_harness.operator import OperatorProcess
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+Start = Callable[..., OperatorProcess]
+
+
+async def mark_assigned(core: client.CoreV1Api, name: str) -> None:
+    """What the device plugin does once it has served every GPU container of the pod."""
+    await raw_json(
+        core.patch_namespaced_pod(
+            name,
+            "default",
+            {"metadata": {"annotations": {contract.GPU_ASSIGNED: "true"}}},
+            _preload_content=False,
+        )
+    )
+
+
+async def bind_by_hand(
+    core: client.CoreV1Api, name: str, node: str, annotations: dict[str, str]
+) -> None:
+    """Another scheduler's bind."""
+    pod = await read_pod(core, name)
+    body = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": name, "uid": pod["metadata"]["uid"], "annotations": annotations},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+    await raw_json(
+        core.create_namespaced_pod_binding(
+            name,
+            "default",
+            body,  # type: ignore[arg-type]
+            _preload_content=False,
+        )
+    )
+
+
+async def test_a_same_size_pod_waits_for_the_earlier_one_to_be_assigned(
+    core: client.CoreV1Api, start_operator: Start
+) -> None:
+    await create_gpu_node(core, FakeGpuNode(name="n", gpu_memory=20000, gpu_number=2))
+    start_operator()
+    await create_pod(core, gpu_pod("a", 6000))
+    assert gpu_index(await bound(core, "a")) == "0"
+    await create_pod(core, gpu_pod("b", 6000))  # card 0 is too full: card 1, a different card
+    message = await unschedulable(core, "b")
+    assert "card 1 held back until pod default/a (same request, card 0) is assigned" in message
+    await mark_assigned(core, "a")
+    assert gpu_index(await bound(core, "b")) == "1"
+
+
+async def test_the_wait_for_an_assignment_is_bounded(
+    core: client.CoreV1Api, start_operator: Start
+) -> None:
+    await create_gpu_node(core, FakeGpuNode(name="n", gpu_memory=20000, gpu_number=2))
+    operator = start_operator(GPUSHARE_ASSIGNMENT_TIMEOUT="3")
+    await create_pod(core, gpu_pod("a", 6000))
+    await bound(core, "a")
+    started = time.monotonic()
+    await create_pod(core, gpu_pod("b", 6000))
+    assert gpu_index(await bound(core, "b", timeout_s=20)) == "1"
+    assert time.monotonic() - started >= 2.5
+    waited = operator.wait_logged("assignment_wait_expired", timeout_s=5)
+    assert waited["waited_for"] == "default/a"
+
+
+async def test_other_schedulers_pods_count_but_are_never_touched(
+    core: client.CoreV1Api, start_operator: Start
+) -> None:
+    await create_gpu_node(core, FakeGpuNode(name="n", gpu_memory=22356, gpu_number=2))
+    await create_pod(core, gpu_pod("theirs", 10000, scheduler="default-scheduler"))
+    await bind_by_hand(core, "theirs", "n", {contract.GPU_INDEX: "0"})
+    before = await read_pod(core, "theirs")
+    start_operator()
+    await create_pod(core, gpu_pod("ours", 2000))
+    assert gpu_index(await bound(core, "ours")) == "1"  # card 0 has only 1178 MiB left
+    after = await read_pod(core, "theirs")
+    assert after["metadata"].get("annotations") == before["metadata"].get("annotations")
+    assert after["metadata"].get("finalizers") is None
+    assert await events_of(core, "theirs") == []
+
+
+async def test_a_foreign_pod_without_gpu_index_counts_against_the_node_total(
+    core: client.CoreV1Api, start_operator: Start
+) -> None:
+    await create_gpu_node(core, FakeGpuNode(name="n", gpu_memory=11178, gpu_number=1))
+    await create_pod(core, gpu_pod("theirs", 10000, scheduler="default-scheduler"))
+    await bind_by_hand(core, "theirs", "n", {})
+    operator = start_operator()
+    await create_pod(core, gpu_pod("ours", 2000))
+    message = await unschedulable(core, "ours")
+    assert "10000 MiB held by pods without a valid gpu-index" in message
+    logged = operator.wait_logged("cannot_honour", timeout_s=5)
+    assert "default/theirs" in logged["problem"]
+
+
+async def test_unsupported_constraints_make_the_pod_unschedulable_with_that_reason(
+    core: client.CoreV1Api, start_operator: Start
+) -> None:
+    await create_gpu_node(core, FakeGpuNode(name="n", gpu_memory=11178, gpu_number=1))
+    start_operator()
+    anti = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": {"app": "x"}},
+                    "topologyKey": "kubernetes.io/hostname",
+                }
+            ]
+        }
+    }
+    await create_pod(core, gpu_pod("anti", 1024, affinity=anti))
+    message = await unschedulable(core, "anti")
+    assert "required pod anti-affinity is not supported by the gpushare scheduler" in message
+
+
+async def test_an_unschedulable_pod_is_retried_when_a_node_arrives_without_a_hot_loop(
+    core: client.CoreV1Api, start_operator: Start
+) -> None:
+    await create_gpu_node(core, FakeGpuNode(name="small", gpu_memory=11178, gpu_number=1))
+    start_operator()
+    await create_pod(core, gpu_pod("big", 40000))
+    await unschedulable(core, "big")
+    await asyncio.sleep(3)  # nothing changes: no new attempt, no new event
+    warnings = [e for e in await events_of(core, "big") if e["reason"] == "FailedScheduling"]
+    assert len(warnings) == 1
+    await create_gpu_node(core, FakeGpuNode(name="large", gpu_memory=81559, gpu_number=1))
+    assert (await bound(core, "big"))["spec"]["nodeName"] == "large"
+
+
+async def test_gpunode_status_shows_allocation_per_card(
+    api: client.ApiClient, core: client.CoreV1Api, start_operator: Start
+) -> None:
+    await create_gpu_node(core, FakeGpuNode(name="n", gpu_memory=122519, gpu_number=2))
+    objects = client.CustomObjectsApi(api)
+    await raw_json(
+        objects.create_cluster_custom_object(
+            "gpushare.io",
+            "v1alpha1",
+            "gpunodes",
+            {
+                "apiVersion": "gpushare.io/v1alpha1",
+                "kind": "GPUNode",
+                "metadata": {"name": "n"},
+                "spec": {
+                    "cards": [
+                        {"index": 0, "uuid": "GPU-0", "memoryMiB": 81559},
+                        {"index": 1, "uuid": "GPU-1", "memoryMiB": 40960},
+                    ]
+                },
+            },
+            _preload_content=False,
+        )
+    )
+    start_operator()
+    await create_pod(core, gpu_pod("p", 30000))
+    await bound(core, "p")
+
+    async def status() -> dict[str, Any] | None:
+        body = await raw_json(
+            objects.get_cluster_custom_object(
+                "gpushare.io", "v1alpha1", "gpunodes", "n", _preload_content=False
+            )
+        )
+        found: dict[str, Any] | None = body.get("status")
+        return found if found and found.get("allocatedMiB") else None
+
+    shown = await eventually(status, what="the GPUNode status")
+    assert shown["totalMiB"] == 122519
+    assert shown["allocatedMiB"] == 30000
+    assert shown["cards"][1] == {
+        "index": 1,
+        "healthy": True,
+        "allocatedMiB": 30000,
+        "freeMiB": 10960,
+        "pods": ["default/p"],
+    }
+
+
+async def test_live_configuration_applies_and_a_bad_value_keeps_the_old_one(
+    api: client.ApiClient, core: client.CoreV1Api, start_operator: Start
+) -> None:
+    objects = client.CustomObjectsApi(api)
+    await create_gpu_node(core, FakeGpuNode(name="n", gpu_memory=65536, gpu_number=2))
+    await raw_json(
+        objects.create_cluster_custom_object(
+            "gpushare.io",
+            "v1alpha1",
+            "gpunodes",
+            {
+                "apiVersion": "gpushare.io/v1alpha1",
+                "kind": "GPUNode",
+                "metadata": {"name": "n"},
+                "spec": {
+                    "cards": [
+                        {"index": 0, "uuid": "GPU-0", "memoryMiB": 40960},
+                        {"index": 1, "uuid": "GPU-1", "memoryMiB": 24576},
+                    ]
+                },
+            },
+            _preload_content=False,
+        )
+    )
+    start_operator()
+    config = {
+        "apiVersion": "gpushare.io/v1alpha1",
+        "kind": "GPUShareConfig",
+        "metadata": {"name": "default"},
+        "spec": {"policy": "firstfit"},
+    }
+    await raw_json(
+        objects.create_cluster_custom_object(
+            "gpushare.io", "v1alpha1", "gpushareconfigs", config, _preload_content=False
+        )
+    )
+
+    async def status() -> dict[str, Any] | None:
+        body = await raw_json(
+            objects.get_cluster_custom_object(
+                "gpushare.io", "v1alpha1", "gpushareconfigs", "default", _preload_content=False
+            )
+        )
+        found: dict[str, Any] | None = body.get("status")
+        return found
+
+    assert (await eventually(status, what="the config status"))["accepted"] is True
+    await raw_json(
+        objects.patch_cluster_custom_object(
+            "gpushare.io",
+            "v1alpha1",
+            "gpushareconfigs",
+            "default",
+            {"spec": {"policy": "worstfit", "bindTimeoutSeconds": -1}},
+            _preload_content=False,
+            _content_type="application/merge-patch+json",
+        )
+    )
+
+    async def refused() -> dict[str, Any] | None:
+        found = await status()
+        return found if found and found["accepted"] is False else None
+
+    message = (await eventually(refused, what="the refusal"))["message"]
+    assert "spec.policy='worstfit'" in message
+    assert "spec.bindTimeoutSeconds='-1'" in message
+    assert "the previous configuration stays in force" in message
+    await create_pod(core, gpu_pod("p", 20000))
+    assert gpu_index(await bound(core, "p")) == "0"  # still firstfit (bestfit would take 1)
+
+
+async def test_metrics_and_liveness_report_what_happened(
+    core: client.CoreV1Api, start_operator: Start
+) -> None:
+    await create_gpu_node(core, FakeGpuNode(name="n", gpu_memory=11178, gpu_number=1))
+    port = free_port()
+    operator = start_operator(GPUSHARE_METRICS_PORT=str(port))
+    await create_pod(core, gpu_pod("p", 1024))
+    await create_pod(core, gpu_pod("too-big", 20000))
+    await bound(core, "p")
+    await unschedulable(core, "too-big")
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            return str(answer.read().decode())
+
+    metrics = await asyncio.to_thread(scrape)
+    assert 'gpushare_schedule_attempts_total{result="scheduled"} 1.0' in metrics
+    assert 'gpushare_schedule_attempts_total{result="unschedulable"} 1.0' in metrics
+    assert "gpushare_pod_scheduling_seconds_count 1.0" in metrics
+    assert "gpushare_leader 1.0" in metrics
+    probe = await asyncio.to_thread(operator.probe)
+    assert probe is not None
+    assert probe["synced"] is True
+    assert probe["leading"] is True
+    assert set(probe["seconds_since_event"]) >= {"pods", "nodes"}
