@@ -186,19 +186,7 @@ class SchedulerCache:
             self._pending.pop(uid, None)
             return (PodChange.GONE if self._release(uid) else PodChange.IGNORED), problems
         if not node:
-            holder = self._holders.get(uid)
-            if holder is not None and holder.assumed:
-                return PodChange.IGNORED, problems  # a stale event from before our bind
-            terminating = path(body, "metadata").get("deletionTimestamp") is not None
-            if self.is_ours(body) and not terminating:
-                if self._pending.get(uid) == body:
-                    # Only its status changed (our own PodScheduled condition, say): trying
-                    # again would loop on our own writes.
-                    return PodChange.IGNORED, problems
-                self._pending[uid] = body
-                return PodChange.PENDING, problems
-            self._pending.pop(uid, None)
-            return PodChange.IGNORED, problems
+            return self._observe_unbound(uid, body), problems
         self._pending.pop(uid, None)
         previous = self._holders.get(uid)
         was_pinned = previous is not None and previous.pin is not None
@@ -223,6 +211,21 @@ class SchedulerCache:
         if was_pinned and holder.pin is None:
             return PodChange.ASSIGNED, problems
         return PodChange.BOUND, problems
+
+    def _observe_unbound(self, uid: PodUid, body: Body) -> PodChange:
+        holder = self._holders.get(uid)
+        if holder is not None and holder.assumed:
+            return PodChange.IGNORED  # a stale event from before our bind
+        terminating = path(body, "metadata").get("deletionTimestamp") is not None
+        if not self.is_ours(body) or terminating:
+            self._pending.pop(uid, None)
+            return PodChange.IGNORED
+        if self._pending.get(uid) == body:
+            # Only its status changed (our own PodScheduled condition, say): trying again
+            # would loop on our own writes.
+            return PodChange.IGNORED
+        self._pending[uid] = body
+        return PodChange.PENDING
 
     def forget_pod(self, uid: PodUid) -> PodChange:
         """The pod was deleted."""

@@ -160,6 +160,13 @@ async def gpunode_event(*, type: str, body: kopf.Body, memo: Any, **kwargs: Any)
     _synced(memo, kwargs).gpunode_event(type, _plain(body))
 
 
+@kopf.on.event("namespaces")
+async def namespace_event(*, memo: Any, **kwargs: Any) -> None:
+    """Namespaces always exist (default, kube-system): their first event opens the cache
+    even in a cluster with no pods or nodes yet."""
+    _synced(memo, kwargs)
+
+
 @kopf.on.event(contract.INVENTORY_GROUP, contract.INVENTORY_VERSION, CONFIG_PLURAL)
 async def config_event(*, type: str, body: kopf.Body, memo: Any, **kwargs: Any) -> None:
     state = _synced(memo, kwargs)

@@ -17,7 +17,6 @@ from gpushare.kube import ApiError, raw_json
 from gpushare.model import PodRef, contract
 
 COMPONENT = "gpushare-scheduler"
-_MERGE_PATCH = "application/merge-patch+json"  # custom objects default to JSON Patch
 CONFIG_PLURAL = "gpushareconfigs"
 
 
@@ -131,15 +130,15 @@ class KubeSchedulerApi:
         )
 
     async def patch_gpunode_status(self, name: str, status: Mapping[str, Any]) -> None:
+        # A JSON Patch (the client's default for custom objects): replace the whole status.
         await raw_json(
             self._objects.patch_cluster_custom_object_status(
                 contract.INVENTORY_GROUP,
                 contract.INVENTORY_VERSION,
                 contract.INVENTORY_PLURAL,
                 name,
-                {"status": dict(status)},
+                [{"op": "add", "path": "/status", "value": dict(status)}],
                 _preload_content=False,
-                _content_type=_MERGE_PATCH,
                 _request_timeout=self._timeout,
             )
         )
@@ -152,9 +151,8 @@ class KubeSchedulerApi:
                 contract.INVENTORY_VERSION,
                 CONFIG_PLURAL,
                 name,
-                {"status": status},
+                [{"op": "add", "path": "/status", "value": status}],
                 _preload_content=False,
-                _content_type=_MERGE_PATCH,
                 _request_timeout=self._timeout,
             )
         )

@@ -261,9 +261,11 @@ async def test_live_configuration_applies_and_a_bad_value_keeps_the_old_one(
             "v1alpha1",
             "gpushareconfigs",
             "default",
-            {"spec": {"policy": "worstfit", "bindTimeoutSeconds": -1}},
+            [
+                {"op": "add", "path": "/spec/policy", "value": "worstfit"},
+                {"op": "add", "path": "/spec/bindTimeoutSeconds", "value": -1},
+            ],
             _preload_content=False,
-            _content_type="application/merge-patch+json",
         )
     )
 
