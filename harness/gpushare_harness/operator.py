@@ -111,6 +111,11 @@ class OperatorProcess:
         raise TimeoutError(f"operator: no {what} within {timeout_s} s:\n{self.tail()}")
 
     @property
+    def pid(self) -> int:
+        assert self._process is not None, "not started"
+        return self._process.pid
+
+    @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 

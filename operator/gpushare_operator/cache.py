@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from gpushare.model import (
-    CardCheck,
     CardIndex,
     GpuKind,
     GpuShareError,
@@ -118,7 +118,8 @@ class SchedulerCache:
         self._requested: dict[NodeName, dict[str, int]] = {}
         self._holders: dict[PodUid, _Holder] = {}
         self._pending: dict[PodUid, Body] = {}
-        self._pins: dict[tuple[NodeName, Signature], dict[PodUid, _Holder]] = {}
+        # signature -> node -> pods holding a card there, bound but not yet assigned
+        self._pins: dict[Signature, dict[NodeName, dict[PodUid, _Holder]]] = {}
 
     # -- nodes and GPUNodes --------------------------------------------------------------
 
@@ -220,7 +221,8 @@ class SchedulerCache:
         if not self.is_ours(body) or terminating:
             self._pending.pop(uid, None)
             return PodChange.IGNORED
-        if self._pending.get(uid) == body:
+        previous = self._pending.get(uid)
+        if previous is not None and path(previous, "spec") == path(body, "spec"):
             # Only its status changed (our own PodScheduled condition, say): trying again
             # would loop on our own writes.
             return PodChange.IGNORED
@@ -283,49 +285,14 @@ class SchedulerCache:
 
         return check
 
-    def card_check(self, request: PodRequest) -> CardCheck:
+    def card_check(self, request: PodRequest) -> ExactnessCheck:
         """The exactness rule for a pod with `request`, at this moment."""
-        signature = request.signature
-        now = self._clock()
-
-        def check(node: NodeName, card: CardIndex) -> str | None:
-            for holder in self._pins.get((node, signature), {}).values():
-                assert holder.pin is not None
-                _, cards, since = holder.pin
-                if now - since > self.assignment_timeout_s:
-                    continue
-                if request.kind is GpuKind.MEMORY and card in cards:
-                    continue
-                return (
-                    f"held back until pod {holder.ref} (same request, card "
-                    f"{','.join(map(str, cards))}) is assigned by the device plugin"
-                )
-            return None
-
-        return check
-
-    def next_pin_expiry_in(self, request: PodRequest) -> float | None:
-        """Seconds until the first live assignment wait for `request`'s signature runs out."""
-        now = self._clock()
-        ends = [
-            holder.pin[2] + self.assignment_timeout_s - now
-            for (_, signature), holders in self._pins.items()
-            if signature == request.signature
-            for holder in holders.values()
-            if holder.pin is not None and now - holder.pin[2] <= self.assignment_timeout_s
-        ]
-        return max(0.0, min(ends)) + 0.01 if ends else None
-
-    def expired_pins(self, request: PodRequest) -> list[PodRef]:
-        """Pods of the same signature whose assignment wait has run out (to log)."""
-        now = self._clock()
-        return [
-            holder.ref
-            for (_, signature), holders in self._pins.items()
-            if signature == request.signature
-            for holder in holders.values()
-            if holder.pin is not None and now - holder.pin[2] > self.assignment_timeout_s
-        ]
+        return ExactnessCheck(
+            self._pins.get(request.signature, {}),
+            request.kind,
+            now=self._clock(),
+            timeout_s=self.assignment_timeout_s,
+        )
 
     def requested(self, node: NodeName) -> Mapping[str, int]:
         return self._requested.get(node, {})
@@ -342,7 +309,8 @@ class SchedulerCache:
         self._holders[uid] = holder
         add_into(self._requested.setdefault(holder.node, {}), holder.requests)
         if holder.pin is not None:
-            self._pins.setdefault((holder.node, holder.pin[0]), {})[uid] = holder
+            by_node = self._pins.setdefault(holder.pin[0], {})
+            by_node.setdefault(holder.node, {})[uid] = holder
 
     def _release(self, uid: PodUid) -> bool:
         holder = self._holders.pop(uid, None)
@@ -355,12 +323,100 @@ class SchedulerCache:
             if not requested:
                 del self._requested[holder.node]
         if holder.pin is not None:
-            key = (holder.node, holder.pin[0])
-            pinned = self._pins.get(key, {})
+            by_node = self._pins.get(holder.pin[0], {})
+            pinned = by_node.get(holder.node, {})
             pinned.pop(uid, None)
             if not pinned:
-                self._pins.pop(key, None)
+                by_node.pop(holder.node, None)
+            if not by_node:
+                self._pins.pop(holder.pin[0], None)
         return True
+
+
+class ExactnessCheck:
+    """The exactness rule as a CardCheck for one decision: cards of a node held back because
+    an earlier pod of the same signature there is not yet assigned. It remembers what it saw:
+    waits that ran out (to log) and when the first live wait ends (to retry then)."""
+
+    def __init__(
+        self,
+        pins: Mapping[NodeName, Mapping[PodUid, _Holder]],
+        kind: GpuKind | None,
+        *,
+        now: float,
+        timeout_s: float,
+    ) -> None:
+        self._pins = pins
+        self._kind = kind
+        self._now = now
+        self._timeout_s = timeout_s
+        self.expired: dict[PodUid, PodRef] = {}
+        self.first_wait_ends_in: float | None = None
+
+    def __call__(self, node: NodeName, card: CardIndex) -> str | None:
+        for uid, holder in self._pins.get(node, {}).items():
+            assert holder.pin is not None
+            _, cards, since = holder.pin
+            left = since + self._timeout_s - self._now
+            if left < 0:
+                self.expired[uid] = holder.ref
+                continue
+            if self._kind is GpuKind.MEMORY and card in cards:
+                continue
+            if self.first_wait_ends_in is None or left < self.first_wait_ends_in:
+                self.first_wait_ends_in = left
+            return (
+                f"held back until pod {holder.ref} (same request, card "
+                f"{','.join(map(str, cards))}) is assigned by the device plugin"
+            )
+        return None
+
+
+_POD_SPEC_FIELDS = (
+    "nodeName",
+    "schedulerName",
+    "containers",
+    "initContainers",
+    "overhead",
+    "nodeSelector",
+    "affinity",
+    "tolerations",
+    "topologySpreadConstraints",
+    "priority",
+    "schedulingGates",
+)
+_CONTAINER_FIELDS = ("name", "resources", "restartPolicy")
+
+
+def slim_pod(body: Body) -> dict[str, Any]:
+    """The fields of a pod the scheduler and the model read."""
+    meta = path(body, "metadata")
+    spec = path(body, "spec")
+    slim_spec = {key: spec[key] for key in _POD_SPEC_FIELDS if key in spec}
+    for key in ("containers", "initContainers"):
+        if isinstance(spec.get(key), list):
+            slim_spec[key] = [
+                {f: c[f] for f in _CONTAINER_FIELDS if f in c}
+                for c in spec[key]
+                if isinstance(c, dict)
+            ]
+    return {
+        "metadata": {
+            key: meta[key]
+            for key in (
+                "name",
+                "namespace",
+                "uid",
+                "annotations",
+                "deletionTimestamp",
+                "creationTimestamp",
+                "resourceVersion",
+            )
+            if key in meta
+        },
+        "spec": slim_spec,
+        "status": {"phase": path(body, "status").get("phase")},
+    }
 
 
 def _predicate_time(body: Body) -> float | None:

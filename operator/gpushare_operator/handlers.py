@@ -1,11 +1,9 @@
 """kopf adapters only: each handler hands what it sees to the Runtime.
 
-Pods, nodes and GPUNodes are watched with `@kopf.on.event` and `@kopf.index` alone, so kopf
-writes nothing to them: no annotation, finalizer or Event lands on a user's pod or a node.
-The indexes exist for one guarantee: kopf calls no event handler before every index has
-been filled from the initial listing, so the first event handler call can load the complete
-cluster into the cache (`Runtime.sync`) before any decision is taken. They hold slim copies
-(only the fields the scheduler reads) to keep memory down on large clusters.
+Pods, nodes and GPUNodes are watched with `@kopf.on.event` alone, so kopf writes nothing to
+them: no annotation, finalizer or Event lands on a user's pod or a node. The cluster is
+loaded once at start by the Runtime's own LIST (`Runtime.initial_sync`); the watches bring
+every change after it. Pods are kept as slim copies (only the fields the scheduler reads).
 
 Run it with `kopf run --standalone -A -m gpushare_operator.handlers` or `gpushare-operator`.
 """
@@ -15,13 +13,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
 from gpushare import kube, logs
 from gpushare.model import contract
-from gpushare.model.bodies import Body, mapping, path
+from gpushare.model.bodies import mapping
+from gpushare_operator.cache import slim_pod
 from gpushare_operator.config import from_env
 from gpushare_operator.kubeapi import CONFIG_PLURAL, KubeSchedulerApi
 from gpushare_operator.runtime import Runtime
@@ -29,50 +28,19 @@ from gpushare_operator.runtime import Runtime
 _RUNTIME = "gpushare"
 _SYNC_TIMEOUT_S = 300.0
 
-_POD_SPEC_FIELDS = (
-    "nodeName",
-    "schedulerName",
-    "containers",
-    "initContainers",
-    "overhead",
-    "nodeSelector",
-    "affinity",
-    "tolerations",
-    "topologySpreadConstraints",
-    "priority",
-    "schedulingGates",
-)
-_CONTAINER_FIELDS = ("name", "resources", "restartPolicy")
 
+class _NoDiffBase(kopf.DiffBaseStorage):
+    """No essence, no diff: this operator has event and index handlers only, so kopf's
+    per-event deep copy of every body (the default diff-base) would be pure cost."""
 
-def slim_pod(body: Body) -> dict[str, Any]:
-    """The fields of a pod the scheduler and the model read."""
-    meta = path(body, "metadata")
-    spec = path(body, "spec")
-    slim_spec = {key: spec[key] for key in _POD_SPEC_FIELDS if key in spec}
-    for key in ("containers", "initContainers"):
-        if isinstance(spec.get(key), list):
-            slim_spec[key] = [
-                {f: c[f] for f in _CONTAINER_FIELDS if f in c}
-                for c in spec[key]
-                if isinstance(c, dict)
-            ]
-    return {
-        "metadata": {
-            key: meta[key]
-            for key in (
-                "name",
-                "namespace",
-                "uid",
-                "annotations",
-                "deletionTimestamp",
-                "creationTimestamp",
-            )
-            if key in meta
-        },
-        "spec": slim_spec,
-        "status": {"phase": path(body, "status").get("phase")},
-    }
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return cast(kopf.BodyEssence, {})
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
 
 
 def runtime(memo: Any) -> Runtime:
@@ -94,6 +62,7 @@ async def startup(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> No
     settings.posting.enabled = False
     settings.posting.level = logging.WARNING
     settings.scanning.disabled = True
+    settings.persistence.diffbase_storage = _NoDiffBase()
     settings.watching.server_timeout = 300
     api_client = await kube.api_client()
     api = KubeSchedulerApi(api_client, identity=config.identity, timeout_s=config.bind_timeout_s)
@@ -114,66 +83,26 @@ async def cleanup(*, memo: Any, **_: Any) -> None:
         await api_client.close()
 
 
-@kopf.index("pods")
-async def gpushare_pods(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
-    return {str(body.metadata.uid): slim_pod(_plain(body))}
-
-
-@kopf.index("nodes")
-async def gpushare_nodes(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
-    return {str(body.metadata.name): _plain(body)}
-
-
-@kopf.index(contract.INVENTORY_GROUP, contract.INVENTORY_VERSION, contract.INVENTORY_PLURAL)
-async def gpushare_gpunodes(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
-    return {str(body.metadata.name): _plain(body)}
-
-
-def _synced(memo: Any, indexes: dict[str, Any]) -> Runtime:
-    """The runtime, loaded with the complete indexes on the first event handler call."""
-    state = runtime(memo)
-    if not state.synced.is_set():
-        state.sync(
-            nodes=_values(indexes["gpushare_nodes"]),
-            gpunodes=_values(indexes["gpushare_gpunodes"]),
-            pods=_values(indexes["gpushare_pods"]),
-        )
-    return state
-
-
-def _values(index: kopf.Index[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    return [body for store in index.values() for body in store]
-
-
 @kopf.on.event("pods")
-async def pod_event(*, type: str, body: kopf.Body, memo: Any, **kwargs: Any) -> None:
-    _synced(memo, kwargs).pod_event(type, slim_pod(_plain(body)))
+async def pod_event(*, type: str, body: kopf.Body, memo: Any, **_: Any) -> None:
+    runtime(memo).pod_event(type, slim_pod(_plain(body)))
 
 
 @kopf.on.event("nodes")
-async def node_event(*, type: str, body: kopf.Body, memo: Any, **kwargs: Any) -> None:
-    _synced(memo, kwargs).node_event(type, _plain(body))
+async def node_event(*, type: str, body: kopf.Body, memo: Any, **_: Any) -> None:
+    runtime(memo).node_event(type, _plain(body))
 
 
 @kopf.on.event(contract.INVENTORY_GROUP, contract.INVENTORY_VERSION, contract.INVENTORY_PLURAL)
-async def gpunode_event(*, type: str, body: kopf.Body, memo: Any, **kwargs: Any) -> None:
-    _synced(memo, kwargs).gpunode_event(type, _plain(body))
-
-
-@kopf.on.event("namespaces")
-async def namespace_event(*, memo: Any, **kwargs: Any) -> None:
-    """Namespaces always exist (default, kube-system): their first event opens the cache
-    even in a cluster with no pods or nodes yet."""
-    _synced(memo, kwargs)
+async def gpunode_event(*, type: str, body: kopf.Body, memo: Any, **_: Any) -> None:
+    runtime(memo).gpunode_event(type, _plain(body))
 
 
 @kopf.on.event(contract.INVENTORY_GROUP, contract.INVENTORY_VERSION, CONFIG_PLURAL)
-async def config_event(*, type: str, body: kopf.Body, memo: Any, **kwargs: Any) -> None:
-    state = _synced(memo, kwargs)
+async def config_event(*, type: str, body: kopf.Body, memo: Any, **_: Any) -> None:
+    state = runtime(memo)
     name = str(body.metadata.name)
-    accepted, message = state.apply_config(
-        type, name, mapping(body.get("spec")), _values(kwargs["gpushare_pods"])
-    )
+    accepted, message = await state.apply_config(type, name, mapping(body.get("spec")))
     if type != "DELETED" and mapping(body.get("status")).get("message") != message:
         try:
             await state.api.report_config(name, accepted=accepted, message=message)

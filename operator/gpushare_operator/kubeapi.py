@@ -8,7 +8,7 @@ Reads of pods, nodes and GPUNodes come from kopf's watches, never from here.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any, Protocol, cast
 
 from kubernetes_asyncio import client
@@ -17,6 +17,7 @@ from gpushare.kube import ApiError, raw_json
 from gpushare.model import PodRef, contract
 
 COMPONENT = "gpushare-scheduler"
+_LIST_TIMEOUT_S = 300  # a full LIST of a large cluster is slow
 CONFIG_PLURAL = "gpushareconfigs"
 
 
@@ -28,6 +29,10 @@ def now_rfc3339(micro: bool = False) -> str:
 
 
 class SchedulerApi(Protocol):
+    async def list_objects(self, kind: str) -> list[dict[str, Any]]:
+        """Every `pods`, `nodes` or `gpunodes` object (raw JSON; [] if the kind is unknown)."""
+        ...
+
     async def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> None: ...
 
     async def set_unschedulable(self, pod: PodRef, reason: str, message: str) -> None: ...
@@ -54,6 +59,31 @@ class KubeSchedulerApi:
         self._leases = client.CoordinationV1Api(api)
         self._identity = identity
         self._timeout = timeout_s
+
+    async def list_objects(self, kind: str) -> list[dict[str, Any]]:
+        call: Awaitable[object]
+        if kind == "pods":
+            call = self._core.list_pod_for_all_namespaces(
+                _preload_content=False, _request_timeout=_LIST_TIMEOUT_S
+            )
+        elif kind == "nodes":
+            call = self._core.list_node(_preload_content=False, _request_timeout=_LIST_TIMEOUT_S)
+        else:
+            call = self._objects.list_cluster_custom_object(
+                contract.INVENTORY_GROUP,
+                contract.INVENTORY_VERSION,
+                contract.INVENTORY_PLURAL,
+                _preload_content=False,
+                _request_timeout=_LIST_TIMEOUT_S,
+            )
+        try:
+            listed = await raw_json(call)
+        except ApiError as error:
+            if error.status == 404:  # the GPUNode CRD is not installed: no inventories
+                return []
+            raise
+        items: list[dict[str, Any]] = listed.get("items", [])
+        return items
 
     async def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> None:
         # The UID precondition makes the bind fail if the pod was replaced by a namesake.

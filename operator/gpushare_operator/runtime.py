@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 
 from gpushare import logs
+from gpushare.kube import ApiError
 from gpushare.model import NodeName, PodUid
 from gpushare.model.bodies import Body, path, text
-from gpushare_operator.cache import PodChange, SchedulerCache
+from gpushare_operator.cache import PodChange, SchedulerCache, slim_pod
 from gpushare_operator.config import ConfigError, OperatorConfig, describe, with_live
 from gpushare_operator.election import LeaseElector
 from gpushare_operator.kubeapi import SchedulerApi
@@ -73,12 +74,14 @@ class Runtime:
         self._leader_tasks: list[asyncio.Task[None]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._logged_problems: dict[str, str] = {}
+        self._versions: dict[str, int] = {}
         self._log = logs.get("operator", identity=config.identity)
 
     # -- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
         self._log.info("starting", config=describe(self.config))
+        self._tasks.append(asyncio.create_task(self.initial_sync(), name="initial sync"))
         if self.config.leader_elect:
             self._tasks.append(asyncio.create_task(self.elector.run(), name="elector"))
         else:
@@ -121,24 +124,52 @@ class Runtime:
 
     # -- feeding the cache ---------------------------------------------------------------
 
-    def sync(self, nodes: Iterable[Body], gpunodes: Iterable[Body], pods: Iterable[Body]) -> None:
-        """Load everything the watches listed (once, when kopf's indexes are complete)."""
-        if self.synced.is_set():
-            return
+    async def initial_sync(self) -> None:
+        """Load the whole cluster with one LIST per kind, then open the leader's work.
+
+        Like an informer's list-then-watch: kopf's watches deliver every later change, and
+        an event older than what the LIST showed is recognised by its resourceVersion and
+        skipped. (kopf's own indexes would give the same guarantee, but wake every waiting
+        object on every listed object: quadratic at start-up on large clusters.)"""
+        while True:
+            try:
+                nodes = await self.api.list_objects("nodes")
+                gpunodes = await self.api.list_objects("gpunodes")
+                pods = await self.api.list_objects("pods")
+                break
+            except (ApiError, OSError, TimeoutError) as error:
+                self._log.warning("initial_list_failed", error=str(error), retry_in_s=2)
+                await asyncio.sleep(2)
         for node in nodes:
             self.node_event("MODIFIED", node)
         for gpunode in gpunodes:
             self.gpunode_event("MODIFIED", gpunode)
         for pod in pods:
-            self.pod_event("MODIFIED", pod)
+            self.pod_event("MODIFIED", slim_pod(pod))
         self.synced.set()
         self._log.info(
-            "synced", nodes=len(self.cache.node_names()), pending=len(self.cache.pending_uids())
+            "synced", nodes=len(nodes), pods=len(pods), pending=len(self.cache.pending_uids())
         )
+
+    def _stale(self, key: str, kind: str | None, body: Body) -> bool:
+        """Whether an event shows an older state than the cache already holds."""
+        raw = text(path(body, "metadata").get("resourceVersion")) or ""
+        if kind == "DELETED":
+            self._versions.pop(key, None)
+            return False
+        if not raw.isdigit():
+            return False  # opaque: trust the order kopf delivers in
+        version = int(raw)
+        if version < self._versions.get(key, -1):
+            return True
+        self._versions[key] = version
+        return False
 
     def pod_event(self, kind: str | None, body: Body) -> None:
         self.last_event["pods"] = time.monotonic()
         uid = PodUid(text(path(body, "metadata").get("uid")) or "")
+        if self._stale(f"pod/{uid}", kind, body):
+            return
         if kind == "DELETED":
             change = self.cache.forget_pod(uid)
             self.reporter.forget(uid)
@@ -161,6 +192,8 @@ class Runtime:
     def node_event(self, kind: str | None, body: Body) -> None:
         self.last_event["nodes"] = time.monotonic()
         name = text(path(body, "metadata").get("name")) or ""
+        if self._stale(f"node/{name}", kind, body):
+            return
         if kind == "DELETED":
             self.cache.forget_node(NodeName(name))
             return
@@ -173,6 +206,8 @@ class Runtime:
     def gpunode_event(self, kind: str | None, body: Body) -> None:
         self.last_event["gpunodes"] = time.monotonic()
         name = NodeName(text(path(body, "metadata").get("name")) or "")
+        if self._stale(f"gpunode/{name}", kind, body):
+            return
         change = (
             self.cache.forget_gpunode(name)
             if kind == "DELETED"
@@ -190,9 +225,7 @@ class Runtime:
 
     # -- live configuration --------------------------------------------------------------
 
-    def apply_config(
-        self, kind: str | None, name: str, spec: Body, pods: Iterable[Body]
-    ) -> tuple[bool, str]:
+    async def apply_config(self, kind: str | None, name: str, spec: Body) -> tuple[bool, str]:
         """Apply a GPUShareConfig; returns (accepted, message) for its status."""
         if name != LIVE_CONFIG_NAME:
             return False, f"ignored: only the GPUShareConfig named {LIVE_CONFIG_NAME!r} is read"
@@ -208,9 +241,10 @@ class Runtime:
         self.queue.backoff_initial_s = config.backoff_initial_s
         self.queue.backoff_max_s = config.backoff_max_s
         self.queue.unschedulable_retry_s = config.unschedulable_retry_s
-        if names_changed:
-            for pod in pods:  # pods of a newly served (or dropped) scheduler name
+        if names_changed and self.synced.is_set():
+            # Pods of a newly served (or dropped) scheduler name wait unbound: look again.
+            for pod in await self.api.list_objects("pods"):
                 if not text(path(pod, "spec").get("nodeName")):
-                    self.pod_event("MODIFIED", pod)
+                    self.pod_event("MODIFIED", slim_pod(pod))
         self._log.info("config_applied", config=describe(config))
         return True, "applied"

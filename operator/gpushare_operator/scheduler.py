@@ -25,7 +25,6 @@ from gpushare.model import (
     NodeName,
     Placement,
     PodRef,
-    PodRequest,
     PodUid,
     contract,
     gpu_request,
@@ -42,6 +41,12 @@ from gpushare_operator.queue import SchedulingQueue
 from gpushare_operator.reporting import Reporter
 
 _BIND_ATTEMPTS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class _Refusal:
+    message: str
+    retry_in_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,43 +111,44 @@ class Scheduler:
             return None
         pod = pod_ref(body)
         outcome = self._decide(body, pod)
-        if isinstance(outcome, str):
-            self._unschedulable(uid, pod, outcome, retry_in_s=self._waits_end_in(body))
+        if isinstance(outcome, _Refusal):
+            self._unschedulable(uid, pod, outcome.message, retry_in_s=outcome.retry_in_s)
             return None
         return outcome
 
-    def _waits_end_in(self, body: Body) -> float | None:
-        """When an assignment wait that may hold this pod back runs out."""
-        try:
-            return self.cache.next_pin_expiry_in(gpu_request(body))
-        except GpuShareError:
-            return None
-
-    def _decide(self, body: Body, pod: PodRef) -> _Decision | str:
+    def _decide(self, body: Body, pod: PodRef) -> _Decision | _Refusal:
         try:
             request = gpu_request(body)
             needs = pod_needs(body)
         except GpuShareError as error:
-            return str(error)
+            return _Refusal(str(error))
         reason = unsupported(body)
         if reason is not None:
-            return reason
+            return _Refusal(reason)
         if request.kind is None:
             chosen = choose_node(self.cache.facts(), self.cache.requested, needs)
             if isinstance(chosen, Diagnosis):
-                return chosen.summary()
+                return _Refusal(chosen.summary())
             self.cache.assume(body, None, chosen, request, needs.requests)
             return _Decision(body=body, pod=pod, node=chosen, placement=None)
+        exactness = self.cache.card_check(request)
         result = place(
             self.cache.ledger,
             request,
             self._config().policy,
             node_check=self.cache.node_check(needs),
-            card_check=self.cache.card_check(request),
+            card_check=exactness,
         )
         if isinstance(result, Diagnosis):
-            return result.summary()
-        self._log_expired_waits(request, pod)
+            # Retried when an assignment wait that held a card back runs out, at the latest.
+            return _Refusal(result.summary(), exactness.first_wait_ends_in)
+        for earlier in exactness.expired.values():
+            self._log.warning(
+                "assignment_wait_expired",
+                pod=str(pod),
+                waited_for=str(earlier),
+                note="placed although an earlier pod of the same request is still unassigned",
+            )
         self.cache.assume(body, result, result.node, request, needs.requests)
         return _Decision(body=body, pod=pod, node=result.node, placement=result)
 
@@ -155,15 +161,6 @@ class Scheduler:
         task = asyncio.create_task(self._reporter.unschedulable(pod, message), name=f"report {pod}")
         self._binds.add(task)
         task.add_done_callback(self._binds.discard)
-
-    def _log_expired_waits(self, request: PodRequest, pod: PodRef) -> None:
-        for earlier in self.cache.expired_pins(request):
-            self._log.warning(
-                "assignment_wait_expired",
-                pod=str(pod),
-                waited_for=str(earlier),
-                note="placed although an earlier pod of the same request is still unassigned",
-            )
 
     # -- binding cycle (concurrent) ------------------------------------------------------
 

@@ -186,14 +186,15 @@ class NodeUsage:
     cards: dict[CardIndex, CardUsage]
     unattributed_memory: int = 0
     unattributed_cards: int = 0
+    free: int = 0
+    """Memory units free on shareable cards, less memory held without a card (kept current
+    by the ledger, which makes every change)."""
     free_key: tuple[int, NodeName] | None = None
     """This node's entry in the ledger's node index, while it is in it."""
 
-    @property
-    def free(self) -> int:
-        """Memory units free on shareable cards, less memory held without a card."""
+    def recount(self) -> None:
         total = sum(u.free for u in self.cards.values() if u.shareable)
-        return max(0, total - self.unattributed_memory)
+        self.free = max(0, total - self.unattributed_memory)
 
     @property
     def idle_cards(self) -> int:
@@ -328,6 +329,7 @@ class Ledger:
         if usage.free_key is not None:
             _remove(self._nodes_by_free, usage.free_key)
         self._attribute(usage, allocation, sign)
+        usage.recount()
         for card in touched:
             if card.shareable:
                 insort(self._cards_by_free, (card.free, name, card.card.index))
@@ -359,6 +361,7 @@ class Ledger:
 
     def _index_node(self, usage: NodeUsage) -> None:
         name = usage.inventory.node
+        usage.recount()
         for index, card in usage.cards.items():
             if card.shareable:
                 insort(self._cards_by_free, (card.free, name, index))
