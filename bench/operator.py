@@ -211,7 +211,10 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             backlog_names = [f"b-{i}" for i in range(args.pods)]
             await create_pods(core, "backlog", backlog_names, scheduler="volcano", in_flight=32)
             operator = OperatorProcess(
-                plane.kubeconfig, workdir / "operator.log", env={"GPUSHARE_LEADER_ELECT": "false"}
+                plane.kubeconfig,
+                workdir / "operator.log",
+                env={"GPUSHARE_LEADER_ELECT": "false"},
+                profile=Path(args.profile) if args.profile else None,
             )
             bound: dict[str, float] = {}
             done = asyncio.Event()
@@ -271,6 +274,7 @@ def main() -> int:
     parser.add_argument("--cards", type=int, default=8)
     parser.add_argument("--pods", type=int, default=2000)
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--profile", help="write a cProfile of the operator here")
     args = parser.parse_args()
     machine = f"{platform.machine()}, {platform.python_version()}, 2 cores shared by all"
     with tempfile.TemporaryDirectory(prefix="gpushare-bench-") as workdir:

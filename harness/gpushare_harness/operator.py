@@ -27,8 +27,11 @@ class OperatorProcess:
         *,
         identity: str = "op-1",
         env: dict[str, str] | None = None,
+        profile: Path | None = None,
     ) -> None:
+        """`profile`: write a cProfile of the operator's main thread there (benchmarks)."""
         self.kubeconfig = kubeconfig
+        self.python_args = ["-m", "cProfile", "-o", str(profile)] if profile else []
         self.log = log
         self.identity = identity
         self.liveness_port = free_port()
@@ -56,6 +59,7 @@ class OperatorProcess:
             self._process = subprocess.Popen(
                 [
                     sys.executable,
+                    *self.python_args,
                     "-m",
                     "gpushare_operator.main",
                     "--liveness",

@@ -79,6 +79,9 @@ class _Holder:
     """(signature, cards, since) while it waits for the device plugin's assignment."""
     body: Body | None = None
     """For assumed pods: the pending body to restore if the bind fails."""
+    fingerprint: int | None = None
+    """For observed pods: what the scheduler read of them, to skip events that change
+    nothing it reads (status updates, most annotation changes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +100,14 @@ class Problems:
     """Things the cache could not honour, for the caller to log (once per change)."""
 
     messages: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class PodObservation:
+    change: PodChange
+    problems: Problems = field(default_factory=Problems)
+    signature: Signature | None = None
+    """ASSIGNED: the request signature whose pods may now take other cards of that node."""
 
 
 class SchedulerCache:
@@ -176,7 +187,7 @@ class SchedulerCache:
     def is_ours(self, pod: Body) -> bool:
         return text(path(pod, "spec").get("schedulerName")) in self.scheduler_names
 
-    def observe_pod(self, body: Body) -> tuple[PodChange, Problems]:
+    def observe_pod(self, body: Body) -> PodObservation:
         problems = Problems()
         ref = pod_ref(body)
         uid = ref.uid
@@ -185,12 +196,14 @@ class SchedulerCache:
         finished = text(path(body, "status").get("phase")) in FINISHED_PHASES
         if finished:
             self._pending.pop(uid, None)
-            return (PodChange.GONE if self._release(uid) else PodChange.IGNORED), problems
+            return PodObservation(PodChange.GONE if self._release(uid) else PodChange.IGNORED)
         if not node:
-            return self._observe_unbound(uid, body), problems
+            return PodObservation(self._observe_unbound(uid, body))
         self._pending.pop(uid, None)
         previous = self._holders.get(uid)
-        was_pinned = previous is not None and previous.pin is not None
+        fingerprint = _fingerprint(body)
+        if previous is not None and not previous.assumed and previous.fingerprint == fingerprint:
+            return PodObservation(PodChange.IGNORED)  # nothing the scheduler reads changed
         self._release(uid)
         try:
             requests = pod_requests(body)
@@ -200,7 +213,9 @@ class SchedulerCache:
         claim = claim_of(body)
         if claim.problem:
             problems.messages.append(claim.problem)
-        holder = _Holder(ref=ref, node=NodeName(node), requests=requests, assumed=False)
+        holder = _Holder(
+            ref=ref, node=NodeName(node), requests=requests, assumed=False, fingerprint=fingerprint
+        )
         if claim.allocation is not None:
             self.ledger.add(claim.allocation)
             assigned = annotations_of(body).get(contract.GPU_ASSIGNED) == contract.GPU_ASSIGNED_TRUE
@@ -209,9 +224,9 @@ class SchedulerCache:
                 since = _predicate_time(body) or self._clock()
                 holder.pin = (claim.request.signature, claim.allocation.cards, since)
         self._hold(uid, holder)
-        if was_pinned and holder.pin is None:
-            return PodChange.ASSIGNED, problems
-        return PodChange.BOUND, problems
+        if previous is not None and previous.pin is not None and holder.pin is None:
+            return PodObservation(PodChange.ASSIGNED, problems, signature=previous.pin[0])
+        return PodObservation(PodChange.BOUND, problems)
 
     def _observe_unbound(self, uid: PodUid, body: Body) -> PodChange:
         holder = self._holders.get(uid)
@@ -230,7 +245,7 @@ class SchedulerCache:
         return PodChange.PENDING
 
     def forget_pod(self, uid: PodUid) -> PodChange:
-        """The pod was deleted."""
+        """The pod was deleted (its resources are free; pods behind its card may go)."""
         self._pending.pop(uid, None)
         return PodChange.GONE if self._release(uid) else PodChange.IGNORED
 
@@ -352,8 +367,21 @@ class ExactnessCheck:
         self._timeout_s = timeout_s
         self.expired: dict[PodUid, PodRef] = {}
         self.first_wait_ends_in: float | None = None
+        self._rules: dict[NodeName, tuple[frozenset[CardIndex], str] | None] = {}
 
     def __call__(self, node: NodeName, card: CardIndex) -> str | None:
+        if node not in self._rules:
+            self._rules[node] = self._rule(node)
+        rule = self._rules[node]
+        if rule is None or card in rule[0]:
+            return None
+        return rule[1]
+
+    def _rule(self, node: NodeName) -> tuple[frozenset[CardIndex], str] | None:
+        """For `node`: None (no live wait), or (the only cards allowed, why the rest are not)."""
+        allowed: frozenset[CardIndex] | None = None
+        reason = ""
+        live = False
         for uid, holder in self._pins.get(node, {}).items():
             assert holder.pin is not None
             _, cards, since = holder.pin
@@ -361,15 +389,17 @@ class ExactnessCheck:
             if left < 0:
                 self.expired[uid] = holder.ref
                 continue
-            if self._kind is GpuKind.MEMORY and card in cards:
-                continue
             if self.first_wait_ends_in is None or left < self.first_wait_ends_in:
                 self.first_wait_ends_in = left
-            return (
+            # A gpu-memory pod may join the waiting pod's card; whole cards never coincide.
+            same = frozenset(cards) if self._kind is GpuKind.MEMORY else frozenset()
+            allowed = same if not live else (allowed or frozenset()) & same
+            live = True
+            reason = (
                 f"held back until pod {holder.ref} (same request, card "
                 f"{','.join(map(str, cards))}) is assigned by the device plugin"
             )
-        return None
+        return (allowed or frozenset(), reason) if live else None
 
 
 _POD_SPEC_FIELDS = (
@@ -417,6 +447,27 @@ def slim_pod(body: Body) -> dict[str, Any]:
         "spec": slim_spec,
         "status": {"phase": path(body, "status").get("phase")},
     }
+
+
+def _fingerprint(body: Body) -> int:
+    """A hash of everything observe_pod reads of a bound pod."""
+    meta = path(body, "metadata")
+    annotations = annotations_of(body)
+    return hash(
+        repr(
+            (
+                path(body, "spec").get("nodeName"),
+                path(body, "spec").get("containers"),
+                path(body, "spec").get("initContainers"),
+                path(body, "spec").get("overhead"),
+                path(body, "status").get("phase"),
+                meta.get("deletionTimestamp"),
+                annotations.get(contract.GPU_INDEX),
+                annotations.get(contract.GPU_ASSIGNED),
+                annotations.get(contract.PREDICATE_TIME),
+            )
+        )
+    )
 
 
 def _predicate_time(body: Body) -> float | None:

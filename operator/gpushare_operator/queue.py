@@ -5,7 +5,9 @@ Three places, as in kube-scheduler's PriorityQueue:
 - backoff: a bind failed; retried after 1 s, 2 s, 4 s ... up to the maximum;
 - parked: unschedulable; retried when the cluster changes in a way that could help (`wake`:
   a node changed, a pod went away or was assigned, a GPUNode changed) or, at the latest,
-  after `unschedulable_retry_s`, never in a hot loop.
+  after `unschedulable_retry_s`, never in a hot loop: a woken pod that was tried less than
+  its backoff ago (1 s, 2 s, ... per failed attempt) waits out the rest in backoff, as
+  kube-scheduler's queue does, so a stream of events cannot make one pod retry endlessly.
 
 Time comes from an injected clock, so tests drive it without sleeping.
 """
@@ -16,7 +18,7 @@ import asyncio
 import heapq
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from gpushare.model import PodUid
@@ -48,6 +50,8 @@ class SchedulingQueue:
         self._backoff: list[tuple[float, int, PodUid]] = []
         self._ready_at: dict[PodUid, float] = {}
         self._parked: dict[PodUid, float] = {}  # until when
+        self._wake_keys: dict[PodUid, Hashable] = {}
+        self._tried_at: dict[PodUid, float] = {}
         self._attempts: dict[PodUid, int] = {}
         self._priority: dict[PodUid, int] = {}
         self._changed = asyncio.Event()
@@ -67,24 +71,34 @@ class SchedulingQueue:
         self._parked.pop(uid, None)
         self._attempts.pop(uid, None)
         self._priority.pop(uid, None)
+        self._wake_keys.pop(uid, None)
+        self._tried_at.pop(uid, None)
 
     def backoff(self, uid: PodUid) -> float:
         """Retry after an error; returns the delay."""
         attempts = self._attempts.get(uid, 0) + 1
         self._attempts[uid] = attempts
-        delay: float = min(self.backoff_initial_s * 2.0 ** (attempts - 1), self.backoff_max_s)
+        delay = self._delay(attempts)
         self._in_active.pop(uid, None)
         self._parked.pop(uid, None)
-        ready = self._clock() + delay
+        self._back_off_until(uid, self._clock() + delay)
+        return delay
+
+    def _delay(self, attempts: int) -> float:
+        return float(min(self.backoff_initial_s * 2.0 ** (attempts - 1), self.backoff_max_s))
+
+    def _back_off_until(self, uid: PodUid, ready: float) -> None:
         self._ready_at[uid] = ready
         heapq.heappush(self._backoff, (ready, next(self._order), uid))
         self._changed.set()
-        return delay
 
-    def park(self, uid: PodUid, retry_in_s: float | None = None) -> None:
+    def park(self, uid: PodUid, retry_in_s: float | None = None, wake_key: Hashable = None) -> None:
         """Unschedulable now: wait for a helpful change, or the retry interval (or
-        `retry_in_s`, when something is known to change by then)."""
+        `retry_in_s`, when something is known to change by then). `wake_key` lets a change
+        that can only help some pods wake just those (`wake(key)`)."""
         self._in_active.pop(uid, None)
+        self._wake_keys[uid] = wake_key
+        self._attempts[uid] = self._attempts.get(uid, 0) + 1
         wait = (
             self.unschedulable_retry_s
             if retry_in_s is None
@@ -93,11 +107,18 @@ class SchedulingQueue:
         self._parked[uid] = self._clock() + wait
         self._changed.set()
 
-    def wake(self) -> None:
-        """The cluster changed: every parked pod gets another try."""
+    def wake(self, key: Hashable = None) -> None:
+        """The cluster changed: parked pods get another try: all of them, or with `key`
+        only those parked with that wake key."""
+        now = self._clock()
         for uid in list(self._parked):
-            del self._parked[uid]
-            self._activate(uid)
+            if key is None or self._wake_keys.get(uid) == key:
+                del self._parked[uid]
+                due = self._tried_at.get(uid, 0.0) + self._delay(self._attempts.get(uid, 1))
+                if due > now:
+                    self._back_off_until(uid, due)
+                else:
+                    self._activate(uid)
 
     def depth(self) -> Depth:
         return Depth(
@@ -120,6 +141,7 @@ class SchedulingQueue:
             _, order, uid = heapq.heappop(self._active)
             if self._in_active.get(uid) == order:
                 del self._in_active[uid]
+                self._tried_at[uid] = now
                 return uid
         return None
 

@@ -175,8 +175,9 @@ class Runtime:
             self.reporter.forget(uid)
             self.queue.remove(uid)
         else:
-            change, problems = self.cache.observe_pod(body)
-            for message in problems.messages:
+            seen = self.cache.observe_pod(body)
+            change = seen.change
+            for message in seen.problems.messages:
                 self._log_once(f"pod {uid}", message)
         if change is PodChange.PENDING:
             priority = path(body, "spec").get("priority")
@@ -187,7 +188,8 @@ class Runtime:
             self.queue.remove(uid)
             self.queue.wake()
         elif change is PodChange.ASSIGNED:
-            self.queue.wake()
+            # Only pods of the same request were held back by the assignment wait.
+            self.queue.wake(seen.signature)
 
     def node_event(self, kind: str | None, body: Body) -> None:
         self.last_event["nodes"] = time.monotonic()

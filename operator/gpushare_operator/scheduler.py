@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from structlog.typing import FilteringBoundLogger
@@ -47,6 +47,8 @@ _BIND_ATTEMPTS = 5
 class _Refusal:
     message: str
     retry_in_s: float | None = None
+    wake_key: Hashable = None
+    """The request signature: an assignment of a pod with it may let this one go."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +114,7 @@ class Scheduler:
         pod = pod_ref(body)
         outcome = self._decide(body, pod)
         if isinstance(outcome, _Refusal):
-            self._unschedulable(uid, pod, outcome.message, retry_in_s=outcome.retry_in_s)
+            self._unschedulable(uid, pod, outcome)
             return None
         return outcome
 
@@ -141,7 +143,7 @@ class Scheduler:
         )
         if isinstance(result, Diagnosis):
             # Retried when an assignment wait that held a card back runs out, at the latest.
-            return _Refusal(result.summary(), exactness.first_wait_ends_in)
+            return _Refusal(result.summary(), exactness.first_wait_ends_in, request.signature)
         for earlier in exactness.expired.values():
             self._log.warning(
                 "assignment_wait_expired",
@@ -152,10 +154,9 @@ class Scheduler:
         self.cache.assume(body, result, result.node, request, needs.requests)
         return _Decision(body=body, pod=pod, node=result.node, placement=result)
 
-    def _unschedulable(
-        self, uid: PodUid, pod: PodRef, message: str, retry_in_s: float | None = None
-    ) -> None:
-        self.queue.park(uid, retry_in_s)
+    def _unschedulable(self, uid: PodUid, pod: PodRef, refusal: _Refusal) -> None:
+        message = refusal.message
+        self.queue.park(uid, refusal.retry_in_s, refusal.wake_key)
         self._metrics.attempts.labels("unschedulable").inc()
         self._log.info("unschedulable", pod=str(pod), reason=message)
         task = asyncio.create_task(self._reporter.unschedulable(pod, message), name=f"report {pod}")
