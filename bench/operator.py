@@ -151,7 +151,7 @@ async def act_as_device_plugins(api: client.ApiClient) -> None:
     pod of the same size on a node behind the first, unassigned one."""
     core = client.CoreV1Api(api)
     marked: set[str] = set()
-    limit = asyncio.Semaphore(8)
+    limit = asyncio.Semaphore(32)  # kubelets work in parallel, one per node
     patch = {"metadata": {"annotations": {contract.GPU_ASSIGNED: contract.GPU_ASSIGNED_TRUE}}}
 
     async def mark(name: str, namespace: str) -> None:

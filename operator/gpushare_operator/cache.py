@@ -202,8 +202,14 @@ class SchedulerCache:
         self._pending.pop(uid, None)
         previous = self._holders.get(uid)
         fingerprint = _fingerprint(body)
+        assigned = annotations_of(body).get(contract.GPU_ASSIGNED) == contract.GPU_ASSIGNED_TRUE
         if previous is not None and not previous.assumed and previous.fingerprint == fingerprint:
+            if assigned and previous.pin is not None:  # the device plugin served it
+                signature = previous.pin[0]
+                self._unpin(uid, previous)
+                return PodObservation(PodChange.ASSIGNED, signature=signature)
             return PodObservation(PodChange.IGNORED)  # nothing the scheduler reads changed
+        waited_as = previous.pin[0] if previous is not None and previous.pin else None
         self._release(uid)
         try:
             requests = pod_requests(body)
@@ -218,14 +224,13 @@ class SchedulerCache:
         )
         if claim.allocation is not None:
             self.ledger.add(claim.allocation)
-            assigned = annotations_of(body).get(contract.GPU_ASSIGNED) == contract.GPU_ASSIGNED_TRUE
             terminating = path(body, "metadata").get("deletionTimestamp") is not None
             if claim.allocation.cards and claim.request and not assigned and not terminating:
                 since = _predicate_time(body) or self._clock()
                 holder.pin = (claim.request.signature, claim.allocation.cards, since)
         self._hold(uid, holder)
-        if previous is not None and previous.pin is not None and holder.pin is None:
-            return PodObservation(PodChange.ASSIGNED, problems, signature=previous.pin[0])
+        if waited_as is not None and holder.pin is None:
+            return PodObservation(PodChange.ASSIGNED, problems, signature=waited_as)
         return PodObservation(PodChange.BOUND, problems)
 
     def _observe_unbound(self, uid: PodUid, body: Body) -> PodChange:
@@ -320,6 +325,18 @@ class SchedulerCache:
 
     # -- bookkeeping ---------------------------------------------------------------------
 
+    def _unpin(self, uid: PodUid, holder: _Holder) -> None:
+        if holder.pin is None:
+            return
+        by_node = self._pins.get(holder.pin[0], {})
+        pinned = by_node.get(holder.node, {})
+        pinned.pop(uid, None)
+        if not pinned:
+            by_node.pop(holder.node, None)
+        if not by_node:
+            self._pins.pop(holder.pin[0], None)
+        holder.pin = None
+
     def _hold(self, uid: PodUid, holder: _Holder) -> None:
         self._holders[uid] = holder
         add_into(self._requested.setdefault(holder.node, {}), holder.requests)
@@ -337,14 +354,7 @@ class SchedulerCache:
             add_into(requested, holder.requests, -1)
             if not requested:
                 del self._requested[holder.node]
-        if holder.pin is not None:
-            by_node = self._pins.get(holder.pin[0], {})
-            pinned = by_node.get(holder.node, {})
-            pinned.pop(uid, None)
-            if not pinned:
-                by_node.pop(holder.node, None)
-            if not by_node:
-                self._pins.pop(holder.pin[0], None)
+        self._unpin(uid, holder)
         return True
 
 
@@ -380,8 +390,7 @@ class ExactnessCheck:
     def _rule(self, node: NodeName) -> tuple[frozenset[CardIndex], str] | None:
         """For `node`: None (no live wait), or (the only cards allowed, why the rest are not)."""
         allowed: frozenset[CardIndex] | None = None
-        reason = ""
-        live = False
+        waiting: _Holder | None = None
         for uid, holder in self._pins.get(node, {}).items():
             assert holder.pin is not None
             _, cards, since = holder.pin
@@ -393,13 +402,16 @@ class ExactnessCheck:
                 self.first_wait_ends_in = left
             # A gpu-memory pod may join the waiting pod's card; whole cards never coincide.
             same = frozenset(cards) if self._kind is GpuKind.MEMORY else frozenset()
-            allowed = same if not live else (allowed or frozenset()) & same
-            live = True
-            reason = (
-                f"held back until pod {holder.ref} (same request, card "
-                f"{','.join(map(str, cards))}) is assigned by the device plugin"
-            )
-        return (allowed or frozenset(), reason) if live else None
+            allowed = same if allowed is None else allowed & same
+            waiting = holder
+        if waiting is None or waiting.pin is None:
+            return None
+        shown = ",".join(map(str, waiting.pin[1]))
+        reason = (
+            f"held back until pod {waiting.ref} (same request, card {shown}) is assigned "
+            f"by the device plugin"
+        )
+        return (allowed or frozenset(), reason)
 
 
 _POD_SPEC_FIELDS = (
@@ -450,7 +462,8 @@ def slim_pod(body: Body) -> dict[str, Any]:
 
 
 def _fingerprint(body: Body) -> int:
-    """A hash of everything observe_pod reads of a bound pod."""
+    """A hash of what observe_pod reads of a bound pod, but `gpu-assigned` (which only ever
+    lifts the pod's assignment wait)."""
     meta = path(body, "metadata")
     annotations = annotations_of(body)
     return hash(

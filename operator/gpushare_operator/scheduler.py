@@ -22,18 +22,21 @@ from gpushare.kube import ApiError
 from gpushare.model import (
     Diagnosis,
     GpuShareError,
+    NodeCheck,
     NodeName,
     Placement,
     PodRef,
+    PodRequest,
     PodUid,
     contract,
+    diagnose,
+    find_placement,
     gpu_request,
-    place,
     pod_ref,
 )
 from gpushare.model.bodies import Body, path, text
 from gpushare.model.filters import choose_node, pod_needs, unsupported
-from gpushare_operator.cache import SchedulerCache
+from gpushare_operator.cache import ExactnessCheck, SchedulerCache
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.kubeapi import SchedulerApi
 from gpushare_operator.metrics import SchedulerMetrics
@@ -134,16 +137,19 @@ class Scheduler:
             self.cache.assume(body, None, chosen, request, needs.requests)
             return _Decision(body=body, pod=pod, node=chosen, placement=None)
         exactness = self.cache.card_check(request)
-        result = place(
-            self.cache.ledger,
-            request,
-            self._config().policy,
-            node_check=self.cache.node_check(needs),
-            card_check=exactness,
+        node_check = self.cache.node_check(needs)
+        policy = self._config().policy
+        ledger = self.cache.ledger
+        result = find_placement(
+            ledger, request, policy, node_check=node_check, card_check=exactness
         )
-        if isinstance(result, Diagnosis):
+        if result is None:
             # Retried when an assignment wait that held a card back runs out, at the latest.
-            return _Refusal(result.summary(), exactness.first_wait_ends_in, request.signature)
+            return _Refusal(
+                self._why_not(request, node_check, exactness),
+                exactness.first_wait_ends_in,
+                request.signature,
+            )
         for earlier in exactness.expired.values():
             self._log.warning(
                 "assignment_wait_expired",
@@ -153,6 +159,23 @@ class Scheduler:
             )
         self.cache.assume(body, result, result.node, request, needs.requests)
         return _Decision(body=body, pod=pod, node=result.node, placement=result)
+
+    def _why_not(
+        self, request: PodRequest, node_check: NodeCheck, exactness: ExactnessCheck
+    ) -> str:
+        """The message for a pod that fits nowhere now. When it would fit but for the
+        exactness rule (a burst of same-size pods waiting for the kubelets), say so directly:
+        a full diagnosis visits every card, too dear to repeat for each of them."""
+        ledger, policy = self.cache.ledger, self._config().policy
+        blocked = find_placement(ledger, request, policy, node_check=node_check)
+        if blocked is not None:
+            card = blocked.cards[0]
+            return (
+                f"0/{len(ledger.nodes()) + len(ledger.nodes_without_gpu())} nodes are "
+                f"available now; the best fit is {blocked.node} card {card}, "
+                f"{exactness(blocked.node, card)}"
+            )
+        return diagnose(ledger, request, node_check, exactness).summary()
 
     def _unschedulable(self, uid: PodUid, pod: PodRef, refusal: _Refusal) -> None:
         message = refusal.message

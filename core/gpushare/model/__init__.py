@@ -24,7 +24,14 @@ from gpushare.model.errors import (
     InvalidRequest,
 )
 from gpushare.model.inventory import Card, InventorySource, NodeInventory, NodeName, node_inventory
-from gpushare.model.placement import CardCheck, NodeCheck, Placement, Policy, place
+from gpushare.model.placement import (
+    CardCheck,
+    NodeCheck,
+    Placement,
+    Policy,
+    find_placement,
+    place,
+)
 from gpushare.model.quantity import parse_quantity
 from gpushare.model.request import (
     NO_GPU,
@@ -82,6 +89,7 @@ __all__ = [
     "claim_of",
     "contract",
     "diagnose",
+    "find_placement",
     "format_card_indices",
     "gpu_request",
     "node_inventory",

@@ -92,15 +92,33 @@ def place(
 ) -> Placement | Diagnosis:
     """Where `request` goes under `policy`, or a Diagnosis of every node and card if nowhere."""
     checker = _Checker(node_check, card_check)
-    if request.kind is GpuKind.MEMORY:
-        found = _MEMORY_POLICIES[policy](ledger, request.total, checker)
-    elif request.kind is GpuKind.NUMBER:
-        found = _whole_cards(ledger, request.total, policy, checker)
-    else:
-        raise InvalidRequest("placement is for pods that ask for a GPU; this one asks for none")
+    found = _find(ledger, request, policy, checker)
     if found is not None:
         return found
     return diagnose(ledger, request, checker.reason, checker.card_reason)
+
+
+def find_placement(
+    ledger: Ledger,
+    request: PodRequest,
+    policy: Policy = Policy.BESTFIT,
+    *,
+    node_check: NodeCheck | None = None,
+    card_check: CardCheck | None = None,
+) -> Placement | None:
+    """`place` without the diagnosis: None when nothing fits (a cheap answer to "would it
+    fit?", since a diagnosis visits every card of the cluster)."""
+    return _find(ledger, request, policy, _Checker(node_check, card_check))
+
+
+def _find(
+    ledger: Ledger, request: PodRequest, policy: Policy, checker: _Checker
+) -> Placement | None:
+    if request.kind is GpuKind.MEMORY:
+        return _MEMORY_POLICIES[policy](ledger, request.total, checker)
+    if request.kind is GpuKind.NUMBER:
+        return _whole_cards(ledger, request.total, policy, checker)
+    raise InvalidRequest("placement is for pods that ask for a GPU; this one asks for none")
 
 
 # -- gpu-memory: one card ------------------------------------------------------------------
