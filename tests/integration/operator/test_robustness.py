@@ -26,8 +26,12 @@ CARD_MIB = 11178
 
 
 def is_unschedulable(pod: dict[str, Any]) -> bool:
+    """Unschedulable for good: not merely held back behind a same-size pod that the device
+    plugin has yet to assign (that wait ends by itself)."""
     return any(
-        c["type"] == "PodScheduled" and c["status"] == "False"
+        c["type"] == "PodScheduled"
+        and c["status"] == "False"
+        and "held back until" not in c.get("message", "")
         for c in pod.get("status", {}).get("conditions", [])
     )
 

@@ -1,0 +1,74 @@
+"""Configuration: environment over defaults, live values validated, bad values refused whole."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpushare.model import Policy
+from gpushare_operator.config import ConfigError, OperatorConfig, from_env, with_live
+
+
+def test_defaults_serve_volcano_pods_with_bestfit() -> None:
+    config = from_env({})
+    assert config.scheduler_names == {"volcano"}
+    assert config.policy is Policy.BESTFIT
+    assert config.leader_elect is True
+
+
+def test_the_environment_overrides_defaults() -> None:
+    config = from_env(
+        {
+            "GPUSHARE_SCHEDULER_NAMES": "volcano, gpushare",
+            "GPUSHARE_POLICY": "firstfit",
+            "GPUSHARE_LEADER_ELECT": "false",
+        }
+    )
+    assert config.scheduler_names == {"volcano", "gpushare"}
+    assert config.policy is Policy.FIRSTFIT
+    assert config.leader_elect is False
+
+
+def test_every_bad_value_is_reported_at_once() -> None:
+    with pytest.raises(ConfigError) as caught:
+        from_env(
+            {
+                "GPUSHARE_POLICY": "worstfit",
+                "GPUSHARE_BIND_TIMEOUT": "-3",
+                "GPUSHARE_METRICS_PORT": "http",
+            }
+        )
+    message = str(caught.value)
+    assert "GPUSHARE_POLICY='worstfit': bestfit; firstfit; binpack; spread" in message
+    assert "GPUSHARE_BIND_TIMEOUT='-3'" in message
+    assert "GPUSHARE_METRICS_PORT='http'" in message
+
+
+def test_a_live_spec_applies_over_the_start_up_configuration() -> None:
+    base = OperatorConfig()
+    live = with_live(
+        base,
+        {"policy": "spread", "schedulerNames": ["volcano", "x"], "assignmentTimeoutSeconds": 5},
+    )
+    assert (live.policy, live.scheduler_names, live.assignment_timeout_s) == (
+        Policy.SPREAD,
+        {"volcano", "x"},
+        5.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "hint"),
+    [
+        ({"policy": "worstfit"}, "spec.policy='worstfit'"),
+        ({"bindTimeoutSeconds": 0}, "spec.bindTimeoutSeconds='0'"),
+        ({"leaderElect": False}, "unknown field(s) leaderElect"),
+        (
+            {"backoffInitialSeconds": 20, "backoffMaxSeconds": 5},
+            "backoff initial must not exceed backoff max",
+        ),
+    ],
+)
+def test_a_bad_live_spec_is_refused_whole(spec: dict[str, object], hint: str) -> None:
+    with pytest.raises(ConfigError, match="invalid configuration") as caught:
+        with_live(OperatorConfig(), spec)
+    assert hint in str(caught.value)
