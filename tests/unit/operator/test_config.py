@@ -51,7 +51,7 @@ def test_a_live_spec_applies_over_the_start_up_configuration() -> None:
     )
     assert (live.policy, live.scheduler_names, live.assignment_timeout_s) == (
         Policy.SPREAD,
-        {"volcano", "x"},
+        frozenset({"volcano", "x"}),
         5.0,
     )
 
