@@ -32,6 +32,8 @@ from gpushare_harness.controlplane import ControlPlane, ControlPlaneError, termi
 from gpushare_harness.crds import install_crds
 from gpushare_harness.nodes import FakeGpuNode, create_gpu_node
 
+LEASE_NAMESPACE = "gpushare-system"
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
@@ -158,8 +160,12 @@ def _down(directory: Path) -> int:
 
 
 async def _install_crds(kubeconfig: Path) -> None:
+    """The CRDs, and the namespace the operator keeps its Lease in."""
     async with await api_client(kubeconfig) as api:
         await install_crds(api)
+        await client.CoreV1Api(api).create_namespace(
+            client.V1Namespace(metadata=client.V1ObjectMeta(name=LEASE_NAMESPACE))
+        )
 
 
 def _add_node(directory: Path, node: FakeGpuNode) -> int:

@@ -314,7 +314,8 @@ class Ledger:
         end = len(table)
         while end:
             start = bisect_left(table, (table[end - 1][0],))
-            yield from table[start:end]
+            for position in range(start, end):  # no slice copy: blocks can be large
+                yield table[position]
             end = start
 
     # -- bookkeeping ---------------------------------------------------------------------
