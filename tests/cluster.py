@@ -123,3 +123,31 @@ async def unschedulable(
 def gpu_index(pod: dict[str, Any]) -> str | None:
     value = pod["metadata"].get("annotations", {}).get(contract.GPU_INDEX)
     return value if isinstance(value, str) else None
+
+
+async def create_gpunode(
+    api: client.ApiClient, name: str, cards_mib: list[int], unhealthy: tuple[int, ...] = ()
+) -> None:
+    """A GPUNode resource as the gpushare device plugin writes it."""
+    body = {
+        "apiVersion": "gpushare.io/v1alpha1",
+        "kind": "GPUNode",
+        "metadata": {"name": name},
+        "spec": {
+            "cards": [
+                {
+                    "index": i,
+                    "uuid": f"GPU-{name}-{i}",
+                    "memoryMiB": mib,
+                    "model": "test",
+                    "health": "Unhealthy" if i in unhealthy else "Healthy",
+                }
+                for i, mib in enumerate(cards_mib)
+            ]
+        },
+    }
+    await raw_json(
+        client.CustomObjectsApi(api).create_cluster_custom_object(
+            "gpushare.io", "v1alpha1", "gpunodes", body, _preload_content=False
+        )
+    )

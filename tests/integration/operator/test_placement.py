@@ -7,6 +7,7 @@ from collections.abc import Callable
 import pytest
 from cluster import (
     bound,
+    create_gpunode,
     create_pod,
     events_of,
     eventually,
@@ -17,7 +18,6 @@ from cluster import (
 )
 from kubernetes_asyncio import client
 
-from gpushare.kube import raw_json
 from gpushare.model import contract
 from gpushare_harness import FakeGpuNode, create_gpu_node
 from gpushare_harness.operator import OperatorProcess
@@ -25,33 +25,6 @@ from gpushare_harness.operator import OperatorProcess
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
 Start = Callable[..., OperatorProcess]
-
-
-async def gpunode(
-    api: client.ApiClient, name: str, cards_mib: list[int], unhealthy: tuple[int, ...] = ()
-) -> None:
-    body = {
-        "apiVersion": "gpushare.io/v1alpha1",
-        "kind": "GPUNode",
-        "metadata": {"name": name},
-        "spec": {
-            "cards": [
-                {
-                    "index": i,
-                    "uuid": f"GPU-{name}-{i}",
-                    "memoryMiB": mib,
-                    "model": "test",
-                    "health": "Unhealthy" if i in unhealthy else "Healthy",
-                }
-                for i, mib in enumerate(cards_mib)
-            ]
-        },
-    }
-    await raw_json(
-        client.CustomObjectsApi(api).create_cluster_custom_object(
-            "gpushare.io", "v1alpha1", "gpunodes", body, _preload_content=False
-        )
-    )
 
 
 async def scheduled_messages(core: client.CoreV1Api, name: str) -> list[str]:
@@ -84,9 +57,9 @@ async def test_bestfit_picks_the_tightest_card_across_heterogeneous_nodes(
     api: client.ApiClient, core: client.CoreV1Api, start_operator: Start
 ) -> None:
     await create_gpu_node(core, FakeGpuNode(name="big", gpu_memory=163118, gpu_number=2))
-    await gpunode(api, "big", [81559, 81559])
+    await create_gpunode(api, "big", [81559, 81559])
     await create_gpu_node(core, FakeGpuNode(name="mixed", gpu_memory=65536, gpu_number=2))
-    await gpunode(api, "mixed", [40960, 24576])
+    await create_gpunode(api, "mixed", [40960, 24576])
     start_operator()
     await create_pod(core, gpu_pod("p20", 20000))
     assert (await bound(core, "p20"))["spec"]["nodeName"] == "mixed"
@@ -100,7 +73,7 @@ async def test_firstfit_reproduces_volcanos_lowest_index(
     api: client.ApiClient, core: client.CoreV1Api, start_operator: Start
 ) -> None:
     await create_gpu_node(core, FakeGpuNode(name="mixed", gpu_memory=65536, gpu_number=2))
-    await gpunode(api, "mixed", [40960, 24576])
+    await create_gpunode(api, "mixed", [40960, 24576])
     start_operator(GPUSHARE_POLICY="firstfit")
     await create_pod(core, gpu_pod("p20", 20000))
     assert gpu_index(await bound(core, "p20")) == "0"

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from cluster import (
     bound,
+    create_gpunode,
     create_pod,
     events_of,
     eventually,
@@ -164,25 +165,7 @@ async def test_gpunode_status_shows_allocation_per_card(
 ) -> None:
     await create_gpu_node(core, FakeGpuNode(name="n", gpu_memory=122519, gpu_number=2))
     objects = client.CustomObjectsApi(api)
-    await raw_json(
-        objects.create_cluster_custom_object(
-            "gpushare.io",
-            "v1alpha1",
-            "gpunodes",
-            {
-                "apiVersion": "gpushare.io/v1alpha1",
-                "kind": "GPUNode",
-                "metadata": {"name": "n"},
-                "spec": {
-                    "cards": [
-                        {"index": 0, "uuid": "GPU-0", "memoryMiB": 81559},
-                        {"index": 1, "uuid": "GPU-1", "memoryMiB": 40960},
-                    ]
-                },
-            },
-            _preload_content=False,
-        )
-    )
+    await create_gpunode(api, "n", [81559, 40960])
     start_operator()
     await create_pod(core, gpu_pod("p", 30000))
     await bound(core, "p")
@@ -213,25 +196,7 @@ async def test_live_configuration_applies_and_a_bad_value_keeps_the_old_one(
 ) -> None:
     objects = client.CustomObjectsApi(api)
     await create_gpu_node(core, FakeGpuNode(name="n", gpu_memory=65536, gpu_number=2))
-    await raw_json(
-        objects.create_cluster_custom_object(
-            "gpushare.io",
-            "v1alpha1",
-            "gpunodes",
-            {
-                "apiVersion": "gpushare.io/v1alpha1",
-                "kind": "GPUNode",
-                "metadata": {"name": "n"},
-                "spec": {
-                    "cards": [
-                        {"index": 0, "uuid": "GPU-0", "memoryMiB": 40960},
-                        {"index": 1, "uuid": "GPU-1", "memoryMiB": 24576},
-                    ]
-                },
-            },
-            _preload_content=False,
-        )
-    )
+    await create_gpunode(api, "n", [40960, 24576])
     start_operator()
     config = {
         "apiVersion": "gpushare.io/v1alpha1",
