@@ -11,6 +11,7 @@ from __future__ import annotations
 from gpushare import logs
 from gpushare.kube import ApiError
 from gpushare.model import GpuKind, Placement, PodRef, PodUid, format_card_indices
+from gpushare.model.diagnosis import format_amount
 from gpushare_operator.kubeapi import SchedulerApi
 
 UNSCHEDULABLE = "Unschedulable"
@@ -38,14 +39,13 @@ class Reporter:
             self._last.pop(pod.uid, None)
             self._log.warning("report_failed", pod=str(pod), error=str(error))
 
-    async def bound(
-        self, pod: PodRef, node: str, placement: Placement | None, unit: str = "MiB"
-    ) -> None:
+    async def bound(self, pod: PodRef, node: str, placement: Placement | None) -> None:
         self._last.pop(pod.uid, None)
         message = f"Successfully assigned {pod} to {node}"
         if placement is not None and placement.kind is GpuKind.MEMORY:
             message += (
-                f", card {placement.cards[0]} ({placement.free_after} {unit} free left on the card)"
+                f", card {placement.cards[0]} "
+                f"({format_amount(placement.free_after, placement.unit_mib)} free left on the card)"
             )
         elif placement is not None:
             message += f", whole card(s) {format_card_indices(placement.cards)}"

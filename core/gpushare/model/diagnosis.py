@@ -53,8 +53,8 @@ class CardVerdict:
             return f"card {self.card} {self.detail}"
         if self.problem is CardProblem.TOO_LITTLE_MEMORY:
             return (
-                f"card {self.card} {_amount(self.free, self.unit_mib)} free < "
-                f"{_amount(self.need, self.unit_mib)}"
+                f"card {self.card} {format_amount(self.free, self.unit_mib)} free < "
+                f"{format_amount(self.need, self.unit_mib)}"
             )
         return f"card {self.card} {self.problem.value}"
 
@@ -149,9 +149,9 @@ def _memory_verdict(
     if len(cards) < len(usage.cards):
         # A card fits, but memory held by pods without a card leaves the node short.
         detail = (
-            f"{_amount(usage.free, unit)} free on the node after "
-            f"{_amount(usage.unattributed_memory, unit)} held by pods without "
-            f"a valid gpu-index < {_amount(need, unit)}"
+            f"{format_amount(usage.free, unit)} free on the node after "
+            f"{format_amount(usage.unattributed_memory, unit)} held by pods without "
+            f"a valid gpu-index < {format_amount(need, unit)}"
         )
         return NodeVerdict(
             node=name, problem=NodeProblem.NODE_TOTAL, detail=detail, closeness=closeness
@@ -213,7 +213,8 @@ def _grouped(cards: tuple[CardVerdict, ...]) -> list[str]:
     return shown
 
 
-def _amount(units: int, unit_mib: int) -> str:
+def format_amount(units: int, unit_mib: int) -> str:
+    """Memory units as people read them: MiB, with the units when one is not 1 MiB."""
     if unit_mib == 1:
         return f"{units} MiB"
     return f"{units * unit_mib} MiB ({units} x {unit_mib} MiB)"

@@ -50,6 +50,8 @@ class Placement:
     """MEMORY: units taken on the card. NUMBER: whole cards taken."""
     free_after: int
     """MEMORY: units left free on the card. NUMBER: idle cards left on the node."""
+    unit_mib: int = 1
+    """MiB per memory unit on that node."""
 
     def allocation(self, pod: PodRef) -> Allocation:
         return Allocation(
@@ -131,6 +133,7 @@ def _shared(node: NodeUsage, card: CardUsage, need: int) -> Placement:
         kind=GpuKind.MEMORY,
         amount=need,
         free_after=card.free - need,
+        unit_mib=node.inventory.unit_mib,
     )
 
 
