@@ -76,7 +76,10 @@ async def test_a_same_size_pod_waits_for_the_earlier_one_to_be_assigned(
     assert gpu_index(await bound(core, "a")) == "0"
     await create_pod(core, gpu_pod("b", 6000))  # card 0 is too full: card 1, a different card
     message = await unschedulable(core, "b")
-    assert "card 1 held back until pod default/a (same request, card 0) is assigned" in message
+    assert (
+        "the best fit is n card 1, held back until pod default/a (same request, card 0) is assigned"
+        in message
+    )
     await mark_assigned(core, "a")
     assert gpu_index(await bound(core, "b")) == "1"
 
