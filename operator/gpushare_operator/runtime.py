@@ -174,6 +174,7 @@ class Runtime:
             change = self.cache.forget_pod(uid)
             self.reporter.forget(uid)
             self.queue.remove(uid)
+            self._logged_problems.pop(f"pod {uid}", None)
         else:
             seen = self.cache.observe_pod(body)
             change = seen.change
