@@ -2,11 +2,20 @@
 
 Bound: a `Scheduled` Event naming the node, the card and the free memory left. Not
 placeable: `PodScheduled=False` with reason `Unschedulable` and a `FailedScheduling` Event
-carrying the diagnosis. Both only when the message changes, never one per retry (as
+carrying the diagnosis, only when the message changes, never one per retry (as
 kube-scheduler's updatePod skips unchanged conditions).
+
+Reports are queued and written by a few workers of their own, like kube-scheduler's event
+broadcaster: a burst of decisions is bound first and explained right after, instead of
+every report competing with the binds for the apiserver. The queue is bounded; when it
+overflows the oldest report is dropped and logged (the pod itself is unaffected).
 """
 
 from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable
 
 from gpushare import logs
 from gpushare.kube import ApiError
@@ -18,41 +27,70 @@ UNSCHEDULABLE = "Unschedulable"
 FAILED_SCHEDULING = "FailedScheduling"
 SCHEDULED = "Scheduled"
 
+_Report = Callable[[], Awaitable[None]]
+
 
 class Reporter:
-    def __init__(self, api: SchedulerApi) -> None:
+    def __init__(self, api: SchedulerApi, *, workers: int = 4, max_queued: int = 10000) -> None:
         self._api = api
         self._last: dict[PodUid, str] = {}
+        self._queue: deque[tuple[PodRef, _Report]] = deque()
+        self._ready = asyncio.Event()
+        self.workers = workers
+        self.max_queued = max_queued
         self._log = logs.get("reporting")
 
-    async def unschedulable(self, pod: PodRef, message: str) -> None:
+    async def run(self) -> None:
+        """Write queued reports until cancelled."""
+        async with asyncio.TaskGroup() as group:
+            for number in range(self.workers):
+                group.create_task(self._work(), name=f"reporter {number}")
+
+    async def _work(self) -> None:
+        while True:
+            while not self._queue:
+                self._ready.clear()
+                await self._ready.wait()
+            pod, report = self._queue.popleft()
+            try:
+                await report()
+            except (ApiError, OSError, TimeoutError) as error:
+                self._last.pop(pod.uid, None)  # reported again on its next attempt
+                self._log.warning("report_failed", pod=str(pod), error=str(error))
+
+    def _enqueue(self, pod: PodRef, report: _Report) -> None:
+        if len(self._queue) >= self.max_queued:
+            dropped, _ = self._queue.popleft()
+            self._log.warning("report_dropped", pod=str(dropped), queued=len(self._queue))
+        self._queue.append((pod, report))
+        self._ready.set()
+
+    def unschedulable(self, pod: PodRef, message: str) -> None:
         if self._last.get(pod.uid) == message:
             return
         self._last[pod.uid] = message
-        try:
+
+        async def report() -> None:
             await self._api.set_unschedulable(pod, UNSCHEDULABLE, message)
             await self._api.post_event(
                 pod, kind="Warning", reason=FAILED_SCHEDULING, message=message
             )
-        except ApiError as error:
-            # Reported again on the next attempt; the pod itself is unaffected.
-            self._last.pop(pod.uid, None)
-            self._log.warning("report_failed", pod=str(pod), error=str(error))
 
-    async def bound(self, pod: PodRef, node: str, placement: Placement | None) -> None:
+        self._enqueue(pod, report)
+
+    def bound(self, pod: PodRef, node: str, placement: Placement | None) -> None:
         self._last.pop(pod.uid, None)
         message = f"Successfully assigned {pod} to {node}"
         if placement is not None and placement.kind is GpuKind.MEMORY:
-            message += (
-                f", card {placement.cards[0]} "
-                f"({format_amount(placement.free_after, placement.unit_mib)} free left on the card)"
-            )
+            free = format_amount(placement.free_after, placement.unit_mib)
+            message += f", card {placement.cards[0]} ({free} free left on the card)"
         elif placement is not None:
             message += f", whole card(s) {format_card_indices(placement.cards)}"
-        try:
+
+        async def report() -> None:
             await self._api.post_event(pod, kind="Normal", reason=SCHEDULED, message=message)
-        except ApiError as error:
-            self._log.warning("report_failed", pod=str(pod), node=node, error=str(error))
+
+        self._enqueue(pod, report)
 
     def forget(self, uid: PodUid) -> None:
         self._last.pop(uid, None)

@@ -105,6 +105,7 @@ class Runtime:
         self._leader_tasks = [
             asyncio.create_task(self._when_synced(self.scheduler.run), name="scheduler"),
             asyncio.create_task(self._when_synced(self.status.run), name="status"),
+            asyncio.create_task(self.reporter.run(), name="reporter"),
         ]
 
     def _stop_leading(self) -> None:

@@ -182,9 +182,7 @@ class Scheduler:
         self.queue.park(uid, refusal.retry_in_s, refusal.wake_key)
         self._metrics.attempts.labels("unschedulable").inc()
         self._log.info("unschedulable", pod=str(pod), reason=message)
-        task = asyncio.create_task(self._reporter.unschedulable(pod, message), name=f"report {pod}")
-        self._binds.add(task)
-        task.add_done_callback(self._binds.discard)
+        self._reporter.unschedulable(pod, message)
 
     # -- binding cycle (concurrent) ------------------------------------------------------
 
@@ -239,7 +237,7 @@ class Scheduler:
         if created is not None:
             self._metrics.latency.observe(max(0.0, time.time() - created))
         log.info("pod_bound", free_after=placement.free_after if placement else None)
-        await self._reporter.bound(pod, node, placement)
+        self._reporter.bound(pod, node, placement)
 
     def _dropped(self, pod: PodRef, log: FilteringBoundLogger, error: ApiError) -> None:
         self.queue.remove(pod.uid)
