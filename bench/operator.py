@@ -160,24 +160,46 @@ async def act_as_device_plugins(api: client.ApiClient) -> None:
                 core.patch_namespaced_pod(name, namespace, patch, _preload_content=False)
             )
 
-    tasks = set()
-    async with watch.Watch() as stream:
-        async for event in stream.stream(core.list_pod_for_all_namespaces, _request_timeout=3600):
-            obj = event["raw_object"]
-            uid = obj["metadata"]["uid"]
-            annotations = obj["metadata"].get("annotations") or {}
-            if (
-                obj["spec"].get("nodeName")
-                and contract.GPU_INDEX in annotations
-                and contract.GPU_ASSIGNED not in annotations
-                and uid not in marked
+    tasks: set[asyncio.Task[None]] = set()
+    try:
+        async with watch.Watch() as stream:
+            async for event in stream.stream(
+                core.list_pod_for_all_namespaces, _request_timeout=3600
             ):
-                marked.add(uid)
-                task = asyncio.create_task(
-                    mark(obj["metadata"]["name"], obj["metadata"]["namespace"])
-                )
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                obj = event["raw_object"]
+                uid = obj["metadata"]["uid"]
+                annotations = obj["metadata"].get("annotations") or {}
+                if (
+                    obj["spec"].get("nodeName")
+                    and contract.GPU_INDEX in annotations
+                    and contract.GPU_ASSIGNED not in annotations
+                    and uid not in marked
+                ):
+                    marked.add(uid)
+                    task = asyncio.create_task(
+                        mark(obj["metadata"]["name"], obj["metadata"]["namespace"])
+                    )
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def create_nodes(core: client.CoreV1Api, nodes: int, cards: int) -> None:
+    limit = asyncio.Semaphore(16)
+
+    async def node(number: int) -> None:
+        async with limit:
+            await create_gpu_node(
+                core,
+                FakeGpuNode(
+                    name=f"node-{number:04d}", gpu_memory=cards * CARD_MIB, gpu_number=cards
+                ),
+            )
+
+    await asyncio.gather(*(node(n) for n in range(nodes)))
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -190,20 +212,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 await core.create_namespace(
                     cast(client.V1Namespace, {"metadata": {"name": namespace}})
                 )
-            limit = asyncio.Semaphore(16)
-
-            async def node(number: int) -> None:
-                async with limit:
-                    await create_gpu_node(
-                        core,
-                        FakeGpuNode(
-                            name=f"node-{number:04d}",
-                            gpu_memory=args.cards * CARD_MIB,
-                            gpu_number=args.cards,
-                        ),
-                    )
-
-            await asyncio.gather(*(node(n) for n in range(args.nodes)))
+            await create_nodes(core, args.nodes, args.cards)
             plugins = asyncio.create_task(act_as_device_plugins(api))
             raw = await raw_bind_rate(core, "raw", args.pods, args.nodes)
             print(f"raw Binding rate: {raw:.0f}/s", flush=True)
@@ -252,6 +261,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             latencies = sorted(bound_stream[n] - created[n] for n in names)
             operator.stop()
             plugins.cancel()
+            await asyncio.gather(plugins, return_exceptions=True)
     finally:
         plane.stop()
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
