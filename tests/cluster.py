@@ -151,3 +151,28 @@ async def create_gpunode(
             "gpushare.io", "v1alpha1", "gpunodes", body, _preload_content=False
         )
     )
+
+
+async def bind_pod(
+    core: client.CoreV1Api, pod: dict[str, Any], node: str, annotations: dict[str, str]
+) -> None:
+    """Bind `pod` as a scheduler does: one Binding, UID precondition, annotations with it.
+    The apiserver answers with a Status the generated client cannot parse as the V1Binding it
+    expects, so the raw response is read (kubernetes/kubernetes#80663)."""
+    meta = pod["metadata"]
+    body = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+            "annotations": annotations,
+        },
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+    await raw_json(
+        core.create_namespaced_pod_binding(
+            meta["name"], meta["namespace"], cast(client.V1Binding, body), _preload_content=False
+        )
+    )

@@ -42,27 +42,22 @@ def test_up_add_node_status_and_down(tmp_path: Path, control_plane: ControlPlane
     assert f"export KUBECONFIG={kubeconfig}" in up.stdout
     try:
         assert "already running" in dev("up", "--dir", str(directory)).stdout
-        added = dev(
-            "add-node",
-            "gpu-node-1",
-            "--gpu-memory",
-            "89424",
-            "--gpu-number",
-            "8",
-            "--dir",
-            str(directory),
-        )
+
+        def add_node() -> subprocess.CompletedProcess[str]:
+            return dev(
+                "add-node",
+                "gpu-node-1",
+                "--gpu-memory",
+                "89424",
+                "--gpu-number",
+                "8",
+                "--dir",
+                str(directory),
+            )
+
+        added = add_node()
         assert added.returncode == 0, added.stderr
-        twice = dev(
-            "add-node",
-            "gpu-node-1",
-            "--gpu-memory",
-            "89424",
-            "--gpu-number",
-            "8",
-            "--dir",
-            str(directory),
-        )
+        twice = add_node()
         assert twice.returncode == 0
         assert "already exists" in twice.stdout
         inventory = node_inventory(asyncio.run(read_node(kubeconfig, "gpu-node-1")))

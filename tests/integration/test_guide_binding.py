@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import pytest
+from cluster import bind_pod
 from kubernetes_asyncio import client
 
 from gpushare.kube import ApiError, raw_json
@@ -50,25 +51,6 @@ async def raw_pod(core: client.CoreV1Api, name: str, namespace: str) -> dict[str
     return await raw_json(core.read_namespaced_pod(name, namespace, _preload_content=False))
 
 
-async def bind(
-    core: client.CoreV1Api, pod: dict[str, Any], node: str, annotations: dict[str, str]
-) -> None:
-    meta = pod["metadata"]
-    binding = client.V1Binding(
-        metadata=client.V1ObjectMeta(
-            name=meta["name"], namespace=meta["namespace"], uid=meta["uid"], annotations=annotations
-        ),
-        target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
-    )
-    # The apiserver answers with a Status, which the generated client cannot parse as the
-    # V1Binding it expects: read the raw response (kubernetes/kubernetes#80663).
-    await raw_json(
-        core.create_namespaced_pod_binding(
-            meta["name"], meta["namespace"], binding, _preload_content=False
-        )
-    )
-
-
 async def test_a_binding_writes_node_and_gpu_annotations_together(
     core: client.CoreV1Api, namespace: str, unique: str
 ) -> None:
@@ -94,7 +76,7 @@ async def test_a_binding_writes_node_and_gpu_annotations_together(
         **placement.allocation(pod_ref(pod)).annotations(),
         contract.PREDICATE_TIME: predicate_time,
     }
-    await bind(core, pod, node_name, annotations)
+    await bind_pod(core, pod, node_name, annotations)
 
     bound = await raw_pod(core, "gpu-pod1", namespace)
     assert bound["spec"]["nodeName"] == node_name
@@ -124,9 +106,9 @@ async def test_a_second_binding_of_a_bound_pod_is_refused_with_a_conflict(
     await create_gpu_node(core, FakeGpuNode(name=node_name, gpu_memory=89424, gpu_number=8))
     await core.create_namespaced_pod(namespace, guide_pod("gpu-pod2", namespace))
     pod = await raw_pod(core, "gpu-pod2", namespace)
-    await bind(core, pod, node_name, {contract.GPU_INDEX: "0"})
+    await bind_pod(core, pod, node_name, {contract.GPU_INDEX: "0"})
     with pytest.raises(ApiError) as caught:
-        await bind(core, pod, node_name, {contract.GPU_INDEX: "1"})
+        await bind_pod(core, pod, node_name, {contract.GPU_INDEX: "1"})
     assert caught.value.status == 409
     again = await raw_pod(core, "gpu-pod2", namespace)
     assert again["metadata"]["annotations"][contract.GPU_INDEX] == "0"

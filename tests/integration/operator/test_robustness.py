@@ -14,10 +14,10 @@ from cluster import bound, create_pod, events_of, eventually, gpu_index, gpu_pod
 from cluster import unschedulable as unschedulable_message
 from kubernetes_asyncio import client
 
-from gpushare.kube import raw_json
 from gpushare.model import contract, parse_quantity
 from gpushare_harness import FakeGpuNode, create_gpu_node
 from gpushare_harness.operator import OperatorProcess
+from gpushare_harness.standin import act_as_device_plugins
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -62,7 +62,7 @@ def assert_no_card_over_capacity(pods: list[dict[str, Any]], cards_per_node: int
 
 
 async def test_sigkill_during_a_burst_loses_nothing_and_double_books_nothing(
-    core: client.CoreV1Api, start_operator: Start
+    api: client.ApiClient, core: client.CoreV1Api, start_operator: Start
 ) -> None:
     nodes, cards = 10, 8
     for n in range(nodes):
@@ -82,7 +82,7 @@ async def test_sigkill_during_a_burst_loses_nothing_and_double_books_nothing(
             )
             await create_pod(core, body)
 
-    assigner = asyncio.create_task(act_as_device_plugins(core))
+    assigner = asyncio.create_task(act_as_device_plugins(api))
     creating = asyncio.gather(*(create(name) for name in names))
     for already in (40, 100):  # kill it twice, mid-burst
         await eventually(
@@ -104,6 +104,7 @@ async def test_sigkill_during_a_burst_loses_nothing_and_double_books_nothing(
         pods = await eventually(settled, timeout_s=120, what="every pod bound or unschedulable")
     finally:
         assigner.cancel()
+        await asyncio.gather(assigner, return_exceptions=True)
     assert_no_card_over_capacity(pods, cards)
     for pod in pods:
         name = pod["metadata"]["name"]
@@ -113,24 +114,6 @@ async def test_sigkill_during_a_burst_loses_nothing_and_double_books_nothing(
         else:
             assert "FailedScheduling" in reasons, f"{name} waits without a reason"
     assert sum(1 for p in pods if p["spec"].get("nodeName")) > 150
-
-
-async def act_as_device_plugins(core: client.CoreV1Api) -> None:
-    """Mark bound pods `gpu-assigned`, as the device plugin does when the kubelet starts
-    them (no kubelet runs here): pods of the same request may then take other cards."""
-    while True:
-        for pod in await list_pods(core):
-            annotations = pod["metadata"].get("annotations", {})
-            if pod["spec"].get("nodeName") and contract.GPU_ASSIGNED not in annotations:
-                await raw_json(
-                    core.patch_namespaced_pod(
-                        pod["metadata"]["name"],
-                        "default",
-                        {"metadata": {"annotations": {contract.GPU_ASSIGNED: "true"}}},
-                        _preload_content=False,
-                    )
-                )
-        await asyncio.sleep(0.3)
 
 
 async def _count_bound(core: client.CoreV1Api, *, at_least: int) -> bool:

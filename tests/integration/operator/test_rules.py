@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from cluster import (
+    bind_pod,
     bound,
     create_gpunode,
     create_pod,
@@ -41,27 +42,6 @@ async def mark_assigned(core: client.CoreV1Api, name: str) -> None:
             name,
             "default",
             {"metadata": {"annotations": {contract.GPU_ASSIGNED: "true"}}},
-            _preload_content=False,
-        )
-    )
-
-
-async def bind_by_hand(
-    core: client.CoreV1Api, name: str, node: str, annotations: dict[str, str]
-) -> None:
-    """Another scheduler's bind."""
-    pod = await read_pod(core, name)
-    body = {
-        "apiVersion": "v1",
-        "kind": "Binding",
-        "metadata": {"name": name, "uid": pod["metadata"]["uid"], "annotations": annotations},
-        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-    }
-    await raw_json(
-        core.create_namespaced_pod_binding(
-            name,
-            "default",
-            body,  # type: ignore[arg-type]
             _preload_content=False,
         )
     )
@@ -104,7 +84,7 @@ async def test_other_schedulers_pods_count_but_are_never_touched(
 ) -> None:
     await create_gpu_node(core, FakeGpuNode(name="n", gpu_memory=22356, gpu_number=2))
     await create_pod(core, gpu_pod("theirs", 10000, scheduler="default-scheduler"))
-    await bind_by_hand(core, "theirs", "n", {contract.GPU_INDEX: "0"})
+    await bind_pod(core, await read_pod(core, "theirs"), "n", {contract.GPU_INDEX: "0"})
     before = await read_pod(core, "theirs")
     start_operator()
     await create_pod(core, gpu_pod("ours", 2000))
@@ -120,7 +100,7 @@ async def test_a_foreign_pod_without_gpu_index_counts_against_the_node_total(
 ) -> None:
     await create_gpu_node(core, FakeGpuNode(name="n", gpu_memory=11178, gpu_number=1))
     await create_pod(core, gpu_pod("theirs", 10000, scheduler="default-scheduler"))
-    await bind_by_hand(core, "theirs", "n", {})
+    await bind_pod(core, await read_pod(core, "theirs"), "n", {})
     operator = start_operator()
     await create_pod(core, gpu_pod("ours", 2000))
     message = await unschedulable(core, "ours")
