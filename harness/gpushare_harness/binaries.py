@@ -1,8 +1,11 @@
-"""kube-apiserver and etcd, built from the Go module proxy and cached outside the repository.
+"""kube-apiserver, etcd and the kubelet device-manager harness, built from the Go module proxy
+and cached outside the repository.
 
 The wrapper module in harness/go pins k8s.io/kubernetes and every staging module, and etcd's
-server; a build is keyed by the hash of its go.mod and go.sum, so changing a pin rebuilds and
-an unchanged pin never does. Cache: $GPUSHARE_CACHE, else ~/.cache/gpushare.
+server; it also holds kubelet-devices (harness/go/kubeletdevices), the kubelet's own device
+manager acting for one fake node. A build is keyed by the hash of go.mod, go.sum and our Go
+sources, so changing a pin or the harness rebuilds and nothing else does. Cache:
+$GPUSHARE_CACHE, else ~/.cache/gpushare.
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ class BuildError(RuntimeError):
 class Binaries:
     kube_apiserver: Path
     etcd: Path
+    kubelet_devices: Path
 
     @property
     def present(self) -> bool:
-        return self.kube_apiserver.is_file() and self.etcd.is_file()
+        return all(p.is_file() for p in (self.kube_apiserver, self.etcd, self.kubelet_devices))
 
 
 def cache_dir() -> Path:
@@ -47,10 +51,16 @@ def kubernetes_version() -> str:
 
 def expected_binaries() -> Binaries:
     digest = hashlib.sha256()
-    for name in ("go.mod", "go.sum"):
-        digest.update((GO_MODULE / name).read_bytes())
+    sources = [GO_MODULE / "go.mod", GO_MODULE / "go.sum", *sorted(GO_MODULE.rglob("*.go"))]
+    for source in sources:
+        digest.update(source.relative_to(GO_MODULE).as_posix().encode())
+        digest.update(source.read_bytes())
     folder = cache_dir() / "bin" / f"{kubernetes_version()}-{digest.hexdigest()[:12]}"
-    return Binaries(kube_apiserver=folder / "kube-apiserver", etcd=folder / "etcd")
+    return Binaries(
+        kube_apiserver=folder / "kube-apiserver",
+        etcd=folder / "etcd",
+        kubelet_devices=folder / "kubelet-devices",
+    )
 
 
 def ensure_binaries(*, log: bool = True) -> Binaries:
@@ -75,6 +85,7 @@ def ensure_binaries(*, log: bool = True) -> Binaries:
     builds = {
         binaries.kube_apiserver: "k8s.io/kubernetes/cmd/kube-apiserver",
         binaries.etcd: "go.etcd.io/etcd/server/v3",
+        binaries.kubelet_devices: "./kubeletdevices",
     }
     binaries.kube_apiserver.parent.mkdir(parents=True, exist_ok=True)
     for target, package in builds.items():

@@ -1,6 +1,6 @@
 """`gpushare-dev`: the local control plane for people.
 
-    gpushare-dev build                 build (or find) kube-apiserver and etcd
+    gpushare-dev build                 build (or find) kube-apiserver, etcd and kubelet-devices
     gpushare-dev up [--dir D]          start etcd + kube-apiserver, install the CRDs,
                                        print the kubeconfig to use (kopf run, kubectl)
     gpushare-dev status [--dir D]      is it running, and where
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("build", help="build or find kube-apiserver and etcd")
+    commands.add_parser("build", help="build or find kube-apiserver, etcd and kubelet-devices")
     for name in ("up", "status", "down"):
         command = commands.add_parser(name)
         command.add_argument("--dir", type=Path, default=cache_dir() / "cluster")
@@ -57,7 +57,11 @@ def main(argv: list[str] | None = None) -> int:
             binaries = ensure_binaries()
             print(
                 json.dumps(
-                    {"kube-apiserver": str(binaries.kube_apiserver), "etcd": str(binaries.etcd)},
+                    {
+                        "kube-apiserver": str(binaries.kube_apiserver),
+                        "etcd": str(binaries.etcd),
+                        "kubelet-devices": str(binaries.kubelet_devices),
+                    },
                     indent=2,
                 )
             )

@@ -39,6 +39,14 @@ class Card:
     healthy: bool
     uuid: str | None = None
     model: str | None = None
+    memory_mib: int | None = None
+    """The card's real size in MiB when the device plugin reported it (memory drops the
+    remainder below one unit)."""
+
+    @property
+    def total_mib(self) -> int:
+        """The card's size in MiB, as VOLCANO_GPU_MEMORY_TOTAL reports it."""
+        return self.memory_mib if self.memory_mib is not None else self.memory
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -66,7 +74,7 @@ def node_inventory(node: Body, resource: Body | None = None) -> NodeInventory | 
     if not name:
         raise InvalidInventory(f"{who} has no metadata.name")
     if resource is not None:
-        inventory = _from_resource(name, path(resource, "spec"))
+        inventory = inventory_from_spec(name, path(resource, "spec"))
     else:
         inventory = _from_capacity(name, path(node, "status", "capacity"), who)
     if inventory is None:
@@ -82,6 +90,7 @@ def node_inventory(node: Body, resource: Body | None = None) -> NodeInventory | 
                 healthy=c.healthy and c.index not in marked,
                 uuid=c.uuid,
                 model=c.model,
+                memory_mib=c.memory_mib,
             )
             for c in inventory.cards
         )
@@ -118,7 +127,9 @@ def _from_capacity(name: NodeName, capacity: Body, who: str) -> NodeInventory | 
     return NodeInventory(node=name, cards=cards, unit_mib=1, source=InventorySource.CAPACITY)
 
 
-def _from_resource(name: NodeName, spec: Body) -> NodeInventory | None:
+def inventory_from_spec(name: NodeName, spec: Body) -> NodeInventory | None:
+    """The cards of a GPUNode `spec` (None when it lists none); InvalidInventory when the
+    spec contradicts itself. The device plugin reads its own spec through this too."""
     who = f"GPUNode {name}"
     unit = spec.get("memoryUnitMiB", 1)
     if isinstance(unit, bool) or not isinstance(unit, int) or unit < 1:
@@ -166,4 +177,5 @@ def _card(raw: Body, unit: int, who: str) -> Card:
         healthy=health == contract.HEALTHY,
         uuid=uuid,
         model=text(raw.get("model")),
+        memory_mib=mib,
     )

@@ -1,0 +1,312 @@
+"""The device plugin's Allocate decision: which pod and container the kubelet is starting,
+which card(s) it gets, and the environment that tells it so.
+
+The kubelet's Allocate names device ids, never the pod. The plugin answers from the pods
+bound to its node that the scheduler placed (`gpu-index` set), not yet fully served, not
+terminating: a pod already part-served first (the kubelet admits one pod's containers in a
+row), then the oldest `predicate-time`; the first whose next GPU container (in the kubelet's
+order: init containers, then app containers) asks for exactly the requested device count.
+The operator's exactness rule makes that choice safe: two such pods with equal requests on
+this node are on the same card. A pod without `gpu-index` is never a candidate, and an
+annotation naming a card the node lacks fails the call: no card is ever guessed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gpushare.model import contract
+from gpushare.model.annotations import format_card_indices, parse_card_indices
+from gpushare.model.bodies import Body, annotations_of, path, text
+from gpushare.model.devices import card_of_memory_device
+from gpushare.model.errors import GpuShareError
+from gpushare.model.inventory import Card, NodeInventory
+from gpushare.model.request import ContainerRequest, GpuKind, PodRequest, gpu_request
+from gpushare.model.usage import (
+    FINISHED_PHASES,
+    Allocation,
+    PodRef,
+    PodUid,
+    check_allocation,
+    pod_ref,
+)
+
+
+class NoCandidate(GpuShareError):
+    """No pod on the node can be served by this Allocate; the message says why and what to do."""
+
+
+class VisibleDevices(StrEnum):
+    """How NVIDIA_VISIBLE_DEVICES names the cards."""
+
+    INDEX = "index"
+    UUID = "uuid"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BoundPod:
+    """A pod bound to the plugin's node, read once per watch event."""
+
+    ref: PodRef
+    resource_version: str
+    active: bool
+    """Neither terminating nor finished."""
+    assigned: bool
+    """`gpu-assigned` is present and not "false" (Volcano's reading)."""
+    predicate_time: int | None
+    request: PodRequest | None
+    """None when the request cannot be read (`problem` says why)."""
+    gpu_index: str | None
+    """The raw `gpu-index` annotation; None when absent."""
+    scheduler: str
+    problem: str | None = None
+
+    @property
+    def waiting(self) -> bool:
+        """Placed by a gpushare or Volcano scheduler and not yet served."""
+        return (
+            self.active
+            and not self.assigned
+            and self.gpu_index is not None
+            and self.request is not None
+            and self.request.kind is not None
+        )
+
+
+def bound_pod(pod: Body) -> BoundPod:
+    meta = path(pod, "metadata")
+    annotations = annotations_of(pod)
+    request: PodRequest | None
+    problem = None
+    try:
+        request = gpu_request(pod)
+    except GpuShareError as error:
+        request, problem = None, str(error)
+    raw_time = annotations.get(contract.PREDICATE_TIME, "")
+    assigned = annotations.get(contract.GPU_ASSIGNED)
+    return BoundPod(
+        ref=pod_ref(pod),
+        resource_version=text(meta.get("resourceVersion")) or "",
+        active=meta.get("deletionTimestamp") is None
+        and text(path(pod, "status").get("phase")) not in FINISHED_PHASES,
+        assigned=assigned is not None and assigned != "false",
+        predicate_time=int(raw_time) if raw_time.isdigit() else None,
+        request=request,
+        gpu_index=annotations.get(contract.GPU_INDEX),
+        scheduler=text(path(pod, "spec").get("schedulerName")) or "default-scheduler",
+        problem=problem,
+    )
+
+
+def kubelet_order(request: PodRequest) -> tuple[ContainerRequest, ...]:
+    """GPU containers in the order the kubelet allocates them: init containers, then app."""
+    return tuple(c for c in request.containers if c.init) + tuple(
+        c for c in request.containers if not c.init
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ContainerGrant:
+    """What one Allocate gives one container."""
+
+    pod: PodRef
+    resource_version: str
+    container: str
+    position: int
+    """The container's place in kubelet order; `position + 1` containers are then served."""
+    last: bool
+    """The pod's last GPU container: the pod is fully served after it."""
+    cards: tuple[Card, ...]
+    env: dict[str, str]
+
+
+def match_container(
+    pods: Iterable[BoundPod],
+    served: Mapping[PodUid, int],
+    *,
+    kind: GpuKind,
+    count: int,
+    inventory: NodeInventory,
+    visible: VisibleDevices = VisibleDevices.INDEX,
+) -> ContainerGrant:
+    """The container this Allocate of `count` `kind` devices is for; NoCandidate if none.
+
+    `served` counts the GPU containers of each pod already answered by this plugin.
+    """
+    pods = list(pods)
+    waiting = [
+        p
+        for p in pods
+        if p.waiting
+        and p.request is not None
+        and p.request.kind is kind
+        and served.get(p.ref.uid, 0) < len(p.request.containers)
+    ]
+    waiting.sort(
+        key=lambda p: (
+            served.get(p.ref.uid, 0) == 0,
+            p.predicate_time is None,
+            p.predicate_time or 0,
+            p.ref.namespace,
+            p.ref.name,
+        )
+    )
+    for pod in waiting:
+        assert pod.request is not None  # filtered above; narrows the type
+        order = kubelet_order(pod.request)
+        position = served.get(pod.ref.uid, 0)
+        container = order[position]
+        if container.amount != count:
+            continue
+        cards = _cards_of(pod, kind, pod.request, inventory)
+        chosen = _container_cards(order, position, cards) if kind is GpuKind.NUMBER else cards
+        return ContainerGrant(
+            pod=pod.ref,
+            resource_version=pod.resource_version,
+            container=container.name,
+            position=position,
+            last=position + 1 == len(order),
+            cards=chosen,
+            env=container_env(kind, container.amount, chosen, inventory.unit_mib, visible),
+        )
+    raise NoCandidate(_no_candidate_message(pods, waiting, kind, count, inventory))
+
+
+def _cards_of(
+    pod: BoundPod, kind: GpuKind, request: PodRequest, inventory: NodeInventory
+) -> tuple[Card, ...]:
+    who = f"pod {pod.ref}"
+    try:
+        indices = parse_card_indices(pod.gpu_index or "", key=contract.GPU_INDEX, owner=who)
+        allocation = Allocation(
+            pod=pod.ref,
+            node=inventory.node,
+            kind=kind,
+            cards=indices,
+            amount=request.total,
+        )
+        check_allocation(allocation, inventory)
+    except GpuShareError as error:
+        raise NoCandidate(f"refusing to guess a card: {error}") from error
+    return tuple(card for index in indices if (card := inventory.card(index)) is not None)
+
+
+def _container_cards(
+    order: Sequence[ContainerRequest], position: int, cards: tuple[Card, ...]
+) -> tuple[Card, ...]:
+    """A gpu-number container's share of the pod's cards: sidecars, then app containers,
+    take consecutive cards; a plain init container takes the cards after the sidecars
+    started before it (it runs alone beside them, as the pod total assumes)."""
+    sidecars_before = 0
+    offset = 0
+    running = sum(c.amount for c in order if c.sidecar)
+    for index, container in enumerate(order):
+        if index == position:
+            if container.init and not container.sidecar:
+                return cards[sidecars_before : sidecars_before + container.amount]
+            start = sidecars_before if container.sidecar else running + offset
+            return cards[start : start + container.amount]
+        if container.sidecar:
+            sidecars_before += container.amount
+        elif not container.init:
+            offset += container.amount
+    raise NoCandidate(f"container position {position} is past the pod's GPU containers")
+
+
+def container_env(
+    kind: GpuKind,
+    amount: int,
+    cards: Sequence[Card],
+    unit_mib: int,
+    visible: VisibleDevices = VisibleDevices.INDEX,
+) -> dict[str, str]:
+    """The three variables Volcano's guide documents, for this container and its cards.
+
+    A gpu-memory container is allocated its own limit in MiB on its one card; a gpu-number
+    container is allocated its cards whole, so both variables carry their total MiB.
+    """
+    if visible is VisibleDevices.UUID:
+        names = ",".join(card.uuid or str(card.index) for card in cards)
+    else:
+        names = format_card_indices(card.index for card in cards)
+    total = sum(card.total_mib for card in cards)
+    allocated = amount * unit_mib if kind is GpuKind.MEMORY else total
+    return {
+        contract.ENV_VISIBLE_DEVICES: names,
+        contract.ENV_GPU_ALLOCATED: str(allocated),
+        contract.ENV_GPU_MEMORY_TOTAL: str(total),
+    }
+
+
+def _no_candidate_message(
+    pods: Sequence[BoundPod],
+    waiting: Sequence[BoundPod],
+    kind: GpuKind,
+    count: int,
+    inventory: NodeInventory,
+) -> str:
+    head = f"no pod bound to node {inventory.node} waits for a container of {count} {kind.value}"
+    unplaced = [
+        p
+        for p in pods
+        if p.active
+        and not p.assigned
+        and p.gpu_index is None
+        and p.request is not None
+        and p.request.kind is kind
+    ]
+    if unplaced:
+        names = ", ".join(f"{p.ref} (schedulerName {p.scheduler!r})" for p in unplaced[:3])
+        return (
+            f"{head} placed by the gpushare scheduler: {names} asks for {kind.value} without "
+            f"{contract.GPU_INDEX}, so no card was chosen for it. Delete it and create it with "
+            f"spec.schedulerName set to one the operator serves (default "
+            f"{contract.DEFAULT_SCHEDULER_NAME!r})"
+        )
+    if waiting:
+        names = ", ".join(str(p.ref) for p in waiting[:3])
+        return (
+            f"{head}; the pods waiting for {kind.value} here ({names}) ask for other amounts. "
+            f"The pod being started was not placed by the gpushare scheduler or has finished "
+            f"its GPU containers: check its spec.schedulerName and {contract.GPU_INDEX}"
+        )
+    return (
+        f"{head}. A pod that uses {kind.value} must be placed by the gpushare scheduler (its "
+        f"spec.schedulerName must be one the operator serves, default "
+        f"{contract.DEFAULT_SCHEDULER_NAME!r}), which writes {contract.GPU_INDEX}"
+    )
+
+
+def preferred_device_ids(
+    grant: ContainerGrant,
+    kind: GpuKind,
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+) -> list[str]:
+    """The ids to steer the kubelet to: those it must keep, then ids on the granted cards,
+    then (only if those run short) any other available ids, so the kubelet's own records
+    name the card the pod really got."""
+    chosen = list(dict.fromkeys(must_include))
+    taken = set(chosen)
+    if kind is GpuKind.MEMORY:
+        wanted = {card.index for card in grant.cards}
+        on_card = [d for d in available if card_of_memory_device(d) in wanted]
+        on_card.sort(key=_memory_unit_order)
+    else:
+        uuids = [card.uuid for card in grant.cards]
+        on_card = [d for d in uuids if d in set(available)] if uuids else []
+    for device in [*on_card, *available]:
+        if len(chosen) >= size:
+            break
+        if device not in taken:
+            chosen.append(device)
+            taken.add(device)
+    return chosen[:size] if len(chosen) > size else chosen
+
+
+def _memory_unit_order(device_id: str) -> tuple[int, int]:
+    card, _, unit = device_id.partition("-")
+    return int(card), int(unit)

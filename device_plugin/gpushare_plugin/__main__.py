@@ -1,0 +1,5 @@
+import sys
+
+from gpushare_plugin.main import main
+
+sys.exit(main())

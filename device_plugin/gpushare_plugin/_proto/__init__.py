@@ -1,0 +1,1 @@
+"""Generated stubs of the kubelet device-plugin API (see protos/generate.py)."""

@@ -1,0 +1,168 @@
+"""Allocate and GetPreferredAllocation: the shared model decides, this module does the I/O.
+
+The decision (which pod, which container, which card, which env) is
+`gpushare.model.allocation.match_container`. Here: wait for the watch cache when the pod is
+not in it yet, record the containers served, and mark the pod `gpu-assigned` once its last GPU
+container is served, with a resourceVersion precondition (re-read and retried on conflict, so
+a concurrent label change does not fail a start, while a deleted pod does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpushare import logs
+from gpushare.kube import ApiError
+from gpushare.model import contract
+from gpushare.model.allocation import (
+    ContainerGrant,
+    NoCandidate,
+    VisibleDevices,
+    bound_pod,
+    match_container,
+    preferred_device_ids,
+)
+from gpushare.model.request import GpuKind
+from gpushare.model.usage import PodUid
+from gpushare_plugin.devices import DeviceTable
+from gpushare_plugin.kubeapi import PluginApi
+from gpushare_plugin.metrics import PluginMetrics
+from gpushare_plugin.podcache import PodCache
+
+_ASSIGN_ATTEMPTS = 3
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PreferredRequest:
+    available: Sequence[str]
+    must_include: Sequence[str]
+    size: int
+
+
+class Allocator:
+    def __init__(
+        self,
+        *,
+        table: DeviceTable,
+        pods: PodCache,
+        api: PluginApi,
+        metrics: PluginMetrics,
+        visible: VisibleDevices,
+        wait_s: float,
+    ) -> None:
+        self._table = table
+        self._pods = pods
+        self._api = api
+        self._metrics = metrics
+        self._visible = visible
+        self._wait_s = wait_s
+        self._lock = asyncio.Lock()  # one decision at a time: `served` is read, then written
+        self._log = logs.get("allocate", node=table.node)
+
+    def _match(self, kind: GpuKind, counts: Sequence[int]) -> list[ContainerGrant]:
+        """Grants for each container request of one call, in order (a kubelet sends one)."""
+        served = dict(self._pods.served)
+        inventory = self._table.inventory()
+        grants = []
+        for count in counts:
+            grant = match_container(
+                self._pods.pods(),
+                served,
+                kind=kind,
+                count=count,
+                inventory=inventory,
+                visible=self._visible,
+            )
+            served[grant.pod.uid] = grant.position + 1
+            grants.append(grant)
+        return grants
+
+    async def _match_waiting(self, kind: GpuKind, counts: Sequence[int]) -> list[ContainerGrant]:
+        """Match, giving the watch up to `wait_s` to deliver a pod the kubelet saw first."""
+        deadline = time.monotonic() + self._wait_s
+        await asyncio.wait_for(self._pods.synced.wait(), timeout=self._wait_s)
+        while True:
+            try:
+                return self._match(kind, counts)
+            except NoCandidate:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                await self._pods.wait_change(left)
+
+    async def allocate(self, kind: GpuKind, counts: Sequence[int]) -> list[dict[str, str]]:
+        started = time.perf_counter()
+        result = "error"
+        try:
+            async with self._lock:
+                grants = await self._match_waiting(kind, counts)
+                for grant in grants:
+                    if grant.last:
+                        await self._mark_assigned(grant)
+                    self._pods.served[grant.pod.uid] = grant.position + 1
+            for grant in grants:
+                self._log.info(
+                    "container allocated",
+                    pod=str(grant.pod),
+                    container=grant.container,
+                    card=",".join(str(c.index) for c in grant.cards),
+                    env=grant.env,
+                    assigned=grant.last,
+                )
+            result = "ok"
+            return [grant.env for grant in grants]
+        except NoCandidate as refusal:
+            result = "no_candidate"
+            self._log.warning(
+                "allocate refused", resource=kind.value, counts=list(counts), reason=str(refusal)
+            )
+            raise
+        finally:
+            self._metrics.allocations.labels(kind.value, result).inc()
+            self._metrics.allocate_latency.labels(kind.value).observe(time.perf_counter() - started)
+
+    async def _mark_assigned(self, grant: ContainerGrant) -> None:
+        version = grant.resource_version
+        for _ in range(_ASSIGN_ATTEMPTS):
+            try:
+                await self._api.mark_assigned(grant.pod, version)
+                return
+            except ApiError as error:
+                if error.status != 409:
+                    raise NoCandidate(
+                        f"pod {grant.pod}: could not set {contract.GPU_ASSIGNED} ({error}); "
+                        f"the kubelet will retry the start"
+                    ) from error
+            body = await self._api.read_pod(grant.pod)
+            current = bound_pod(body) if body is not None else None
+            if current is None or current.ref.uid != grant.pod.uid or not current.active:
+                raise NoCandidate(f"pod {grant.pod} was deleted while its containers started")
+            if current.gpu_index != self._pods_index(grant.pod.uid):
+                raise NoCandidate(
+                    f"pod {grant.pod}: {contract.GPU_INDEX} changed while its containers "
+                    f"started; refusing to guess a card"
+                )
+            version = current.resource_version
+        raise NoCandidate(f"pod {grant.pod} kept changing; could not set {contract.GPU_ASSIGNED}")
+
+    def _pods_index(self, uid: PodUid) -> str | None:
+        cached = self._pods.get(uid)
+        return cached.gpu_index if cached else None
+
+    async def preferred(
+        self, kind: GpuKind, requests: Sequence[PreferredRequest]
+    ) -> list[list[str]]:
+        """Ids on the card the pod was given; the kubelet's own choice if no pod matches
+        (Allocate then refuses with the reason)."""
+        async with self._lock:
+            try:
+                grants = await self._match_waiting(kind, [r.size for r in requests])
+            except NoCandidate:
+                return [list(r.available[: r.size]) for r in requests]
+        return [
+            preferred_device_ids(grant, kind, r.available, r.must_include, r.size)
+            for grant, r in zip(grants, requests, strict=True)
+        ]

@@ -1,0 +1,172 @@
+"""Every Kubernetes API call the device plugin makes, in one place.
+
+Reads: the pods bound to this node (one LIST, then a WATCH: never a LIST per Allocate) and the
+Node itself (its UID, for the inventory's owner reference). Writes: `gpu-assigned` on a
+pod (a patch with a resourceVersion precondition), the GPUNode inventory spec, and the
+node's `volcano.sh/gpu-unhealthy-ids` annotation. Responses are read raw (see gpushare.kube).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, cast
+
+import aiohttp
+from kubernetes_asyncio import client
+
+from gpushare.kube import ApiError, raw_json
+from gpushare.model import contract
+from gpushare.model.usage import PodRef
+
+_TIMEOUT_S = 10
+_WATCH_S = 300
+
+
+class WatchExpired(Exception):
+    """The watch's resourceVersion is too old (410): list again."""
+
+
+class PluginApi:
+    def __init__(self, api: client.ApiClient, *, timeout_s: float = _TIMEOUT_S) -> None:
+        self._core = client.CoreV1Api(api)
+        self._objects = client.CustomObjectsApi(api)
+        self._timeout = timeout_s
+
+    async def list_pods(self, node: str) -> tuple[list[dict[str, Any]], str]:
+        """The pods bound to `node`, and the list's resourceVersion to watch from."""
+        body = await raw_json(
+            self._core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node}",
+                _preload_content=False,
+                _request_timeout=self._timeout * 6,
+            )
+        )
+        items = [item for item in body.get("items") or [] if isinstance(item, dict)]
+        return items, str(body.get("metadata", {}).get("resourceVersion", ""))
+
+    async def watch_pods(
+        self, node: str, resource_version: str
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """(type, pod) events after `resource_version` until the server ends the watch;
+        WatchExpired when the version is too old."""
+        response = cast(
+            aiohttp.ClientResponse,
+            await self._core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node}",
+                watch=True,
+                allow_watch_bookmarks=True,
+                resource_version=resource_version,
+                timeout_seconds=_WATCH_S,
+                _preload_content=False,
+                _request_timeout=_WATCH_S + 30,
+            ),
+        )
+        async with response:
+            if response.status >= 300:
+                raise ApiError(response.status, await response.text())
+            async for line in response.content:
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise WatchExpired(str(obj.get("message")))
+                    raise ApiError(int(obj.get("code") or 500), str(obj.get("message")))
+                yield str(kind), obj
+
+    async def mark_assigned(self, pod: PodRef, resource_version: str) -> None:
+        """Set `gpu-assigned: "true"`; 409 when the pod changed since `resource_version`."""
+        patch = {
+            "metadata": {
+                "uid": pod.uid,
+                "resourceVersion": resource_version,
+                "annotations": {contract.GPU_ASSIGNED: contract.GPU_ASSIGNED_TRUE},
+            }
+        }
+        await raw_json(
+            self._core.patch_namespaced_pod(
+                pod.name,
+                pod.namespace,
+                patch,
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
+        )
+
+    async def read_pod(self, pod: PodRef) -> dict[str, Any] | None:
+        try:
+            return await raw_json(
+                self._core.read_namespaced_pod(
+                    pod.name, pod.namespace, _preload_content=False, _request_timeout=self._timeout
+                )
+            )
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+
+    async def read_node(self, name: str) -> dict[str, Any]:
+        return await raw_json(
+            self._core.read_node(name, _preload_content=False, _request_timeout=self._timeout)
+        )
+
+    async def write_inventory(self, node: Mapping[str, Any], spec: Mapping[str, Any]) -> None:
+        """Create or update the node's GPUNode spec, owned by the Node (deleted with it)."""
+        meta = node.get("metadata") or {}
+        name = str(meta.get("name"))
+        owner = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+        }
+        body = {
+            "apiVersion": f"{contract.INVENTORY_GROUP}/{contract.INVENTORY_VERSION}",
+            "kind": contract.INVENTORY_KIND,
+            "metadata": {"name": meta.get("name"), "ownerReferences": [owner]},
+            "spec": spec,
+        }
+        try:
+            await raw_json(
+                self._objects.create_cluster_custom_object(
+                    contract.INVENTORY_GROUP,
+                    contract.INVENTORY_VERSION,
+                    contract.INVENTORY_PLURAL,
+                    body,
+                    _preload_content=False,
+                    _request_timeout=self._timeout,
+                )
+            )
+            return
+        except ApiError as error:
+            if error.status != 409:
+                raise
+        # It exists (an earlier run, or the Node was re-created): replace spec and owner.
+        await raw_json(
+            self._objects.patch_cluster_custom_object(
+                contract.INVENTORY_GROUP,
+                contract.INVENTORY_VERSION,
+                contract.INVENTORY_PLURAL,
+                name,
+                [
+                    {"op": "add", "path": "/spec", "value": spec},
+                    {"op": "add", "path": "/metadata/ownerReferences", "value": [owner]},
+                ],
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
+        )
+
+    async def set_unhealthy_ids(self, node: str, value: str | None) -> None:
+        """Write (or, with None, remove) the node's `volcano.sh/gpu-unhealthy-ids`."""
+        patch = {"metadata": {"annotations": {contract.GPU_UNHEALTHY_IDS: value}}}
+        await raw_json(
+            self._core.patch_node(
+                node,
+                patch,
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
+        )

@@ -1,0 +1,39 @@
+"""Prometheus metrics of the device plugin (served by prometheus_client on its own thread)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+
+class PluginMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.allocations = Counter(
+            "gpushare_plugin_allocate_total",
+            "Allocate calls by resource and result (ok, no_candidate, error).",
+            ["resource", "result"],
+            registry=self.registry,
+        )
+        self.allocate_latency = Histogram(
+            "gpushare_plugin_allocate_seconds",
+            "Time to answer an Allocate call, by resource.",
+            ["resource"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1, 5),
+            registry=self.registry,
+        )
+        self.devices = Gauge(
+            "gpushare_plugin_devices",
+            "Devices advertised to the kubelet, by resource and health.",
+            ["resource", "health"],
+            registry=self.registry,
+        )
+        self.cards = Gauge(
+            "gpushare_plugin_card_healthy",
+            "1 while a card is Healthy, 0 while it is Unhealthy.",
+            ["card", "uuid"],
+            registry=self.registry,
+        )
+
+    def serve(self, port: int) -> None:
+        if port:
+            start_http_server(port, registry=self.registry)

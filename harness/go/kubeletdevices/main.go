@@ -1,0 +1,307 @@
+// Command kubelet-devices is the kubelet's own device manager
+// (k8s.io/kubernetes/pkg/kubelet/cm/devicemanager) acting as the kubelet of one fake node.
+//
+// It serves kubelet.sock at the kubelet's fixed path, so the caller runs it in a private
+// mount namespace with a per-node folder bound over /var/lib/kubelet/device-plugins. Device
+// plugins register there; the manager runs ListAndWatch, GetPreferredAllocation, Allocate and
+// builds the container run options exactly as a kubelet does. Around it, this program does
+// the few kubelet jobs the tests need: it copies the manager's capacity into the Node's
+// status, admits the pods bound to the node (Allocate for every container, init containers
+// first), marks them Running (or Failed with UnexpectedAdmissionError, as the kubelet does),
+// finishes the deletion of terminating pods, and prints one JSON line per outcome on stdout.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/kubelet/cm/containermap"
+	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
+	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
+)
+
+// outcome is one line of the program's output.
+type outcome struct {
+	Event     string              `json:"event"` // capacity | started | rejected | deleted
+	Pod       string              `json:"pod,omitempty"`
+	UID       string              `json:"uid,omitempty"`
+	Container string              `json:"container,omitempty"`
+	Envs      map[string]string   `json:"envs,omitempty"`
+	Devices   map[string][]string `json:"devices,omitempty"`
+	Message   string              `json:"message,omitempty"`
+	Capacity  map[string]string   `json:"capacity,omitempty"`
+	Time      string              `json:"time"`
+}
+
+var (
+	outMu  sync.Mutex
+	output = json.NewEncoder(os.Stdout)
+)
+
+func emit(o outcome) {
+	o.Time = time.Now().UTC().Format(time.RFC3339Nano)
+	outMu.Lock()
+	defer outMu.Unlock()
+	_ = output.Encode(o)
+}
+
+type allSourcesReady struct{}
+
+func (allSourcesReady) AddSource(string) {}
+func (allSourcesReady) AllReady() bool   { return true }
+
+type kubelet struct {
+	node     string
+	client   kubernetes.Interface
+	manager  *devicemanager.ManagerImpl
+	pods     cache.Indexer
+	queue    workqueue.TypedRateLimitingInterface[types.UID]
+	byUID    sync.Map // UID -> namespace/name
+	admitted sets.Set[types.UID]
+}
+
+func main() {
+	kubeconfig := flag.String("kubeconfig", "", "kubeconfig of the apiserver")
+	node := flag.String("node", "", "name of the Node this kubelet acts for")
+	interval := flag.Duration("status-interval", time.Second, "how often capacity is copied to the Node")
+	klog.InitFlags(nil)
+	flag.Parse()
+	if *node == "" || *kubeconfig == "" {
+		fmt.Fprintln(os.Stderr, "kubelet-devices: --node and --kubeconfig are required")
+		os.Exit(2)
+	}
+	config, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	if err != nil {
+		klog.Fatalf("kubeconfig %s: %v", *kubeconfig, err)
+	}
+	config.QPS, config.Burst = 500, 1000
+	client := kubernetes.NewForConfigOrDie(config)
+
+	manager, err := devicemanager.NewManagerImpl(nil, topologymanager.NewFakeManager())
+	if err != nil {
+		klog.Fatalf("device manager: %v", err)
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = "spec.nodeName=" + *node
+		}))
+	informer := factory.Core().V1().Pods().Informer()
+	k := &kubelet{
+		node:     *node,
+		client:   client,
+		manager:  manager,
+		pods:     informer.GetIndexer(),
+		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[types.UID]()),
+		admitted: sets.New[types.UID](),
+	}
+	enqueue := func(obj any) {
+		if pod, ok := obj.(*v1.Pod); ok {
+			k.byUID.Store(pod.UID, pod.Namespace+"/"+pod.Name)
+			k.queue.Add(pod.UID)
+		}
+	}
+	_, _ = informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    enqueue,
+		UpdateFunc: func(_, obj any) { enqueue(obj) },
+	})
+
+	logger := klog.Background()
+	if err := manager.Start(logger, k.activePods, allSourcesReady{}, containermap.NewContainerMap(), sets.New[string]()); err != nil {
+		klog.Fatalf("device manager start: %v", err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	factory.Start(ctx.Done())
+	factory.WaitForCacheSync(ctx.Done())
+	go k.copyCapacity(ctx, *interval)
+	go func() {
+		for k.processNext(ctx) {
+		}
+	}()
+	<-ctx.Done()
+	k.queue.ShutDown()
+	_ = manager.Stop(logger)
+}
+
+// activePods is what the kubelet's pod manager would answer: bound here, not finished.
+func (k *kubelet) activePods() []*v1.Pod {
+	var active []*v1.Pod
+	for _, obj := range k.pods.List() {
+		pod := obj.(*v1.Pod)
+		if pod.Status.Phase != v1.PodSucceeded && pod.Status.Phase != v1.PodFailed && pod.DeletionTimestamp == nil {
+			active = append(active, pod)
+		}
+	}
+	return active
+}
+
+func (k *kubelet) copyCapacity(ctx context.Context, interval time.Duration) {
+	last := ""
+	ticker := time.NewTicker(interval)
+	defer ticker.Stop()
+	for {
+		capacity, allocatable, deleted := k.manager.GetCapacity()
+		status := map[string]map[string]any{"capacity": {}, "allocatable": {}}
+		shown := map[string]string{}
+		for name, q := range capacity {
+			status["capacity"][string(name)] = q.String()
+			shown[string(name)] = q.String()
+		}
+		for name, q := range allocatable {
+			status["allocatable"][string(name)] = q.String()
+			shown["allocatable/"+string(name)] = q.String()
+		}
+		for _, name := range deleted {
+			status["capacity"][name] = nil
+			status["allocatable"][name] = nil
+		}
+		encoded, _ := json.Marshal(map[string]any{"status": status})
+		if key := string(encoded); key != last {
+			_, err := k.client.CoreV1().Nodes().Patch(ctx, k.node, types.MergePatchType, encoded, metav1.PatchOptions{}, "status")
+			if err == nil {
+				last = key
+				emit(outcome{Event: "capacity", Capacity: shown})
+			} else if ctx.Err() == nil {
+				klog.ErrorS(err, "copying device capacity to the node", "node", k.node)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+	}
+}
+
+func (k *kubelet) processNext(ctx context.Context) bool {
+	uid, shutdown := k.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer k.queue.Done(uid)
+	if err := k.sync(ctx, uid); err != nil && ctx.Err() == nil {
+		klog.ErrorS(err, "syncing pod", "uid", uid)
+		k.queue.AddRateLimited(uid)
+		return true
+	}
+	k.queue.Forget(uid)
+	return true
+}
+
+func (k *kubelet) find(uid types.UID) *v1.Pod {
+	name, ok := k.byUID.Load(uid)
+	if !ok {
+		return nil
+	}
+	obj, exists, _ := k.pods.GetByKey(name.(string))
+	if !exists {
+		return nil
+	}
+	pod := obj.(*v1.Pod)
+	if pod.UID != uid {
+		return nil
+	}
+	return pod
+}
+
+func (k *kubelet) sync(ctx context.Context, uid types.UID) error {
+	pod := k.find(uid)
+	if pod == nil {
+		return nil
+	}
+	who := pod.Namespace + "/" + pod.Name
+	if pod.DeletionTimestamp != nil {
+		// The containers are gone at once: finish the deletion as the kubelet would.
+		zero := int64(0)
+		err := k.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+			GracePeriodSeconds: &zero, Preconditions: metav1.NewUIDPreconditions(string(uid)),
+		})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return err
+		}
+		emit(outcome{Event: "deleted", Pod: who, UID: string(uid)})
+		return nil
+	}
+	if pod.Status.Phase != v1.PodPending || k.admitted.Has(uid) {
+		return nil
+	}
+	k.admitted.Insert(uid)
+	// The kubelet's admission: the device manager allocates every container, init first.
+	for _, containers := range [][]v1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for i := range containers {
+			if err := k.manager.Allocate(pod, &containers[i]); err != nil {
+				message := fmt.Sprintf("Allocate failed due to %v, which is unexpected", err)
+				emit(outcome{Event: "rejected", Pod: who, UID: string(uid), Container: containers[i].Name, Message: message})
+				return k.setStatus(ctx, pod, v1.PodFailed, "UnexpectedAdmissionError", message)
+			}
+		}
+	}
+	for _, containers := range [][]v1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for i := range containers {
+			options, err := k.manager.GetDeviceRunContainerOptions(ctx, pod, &containers[i])
+			if err != nil {
+				message := fmt.Sprintf("failed to get device run options: %v", err)
+				emit(outcome{Event: "rejected", Pod: who, UID: string(uid), Container: containers[i].Name, Message: message})
+				return k.setStatus(ctx, pod, v1.PodFailed, "UnexpectedAdmissionError", message)
+			}
+			started := outcome{Event: "started", Pod: who, UID: string(uid), Container: containers[i].Name,
+				Envs: map[string]string{}, Devices: map[string][]string{}}
+			if options != nil {
+				for _, env := range options.Envs {
+					started.Envs[env.Name] = env.Value
+				}
+			}
+			for resource, devices := range k.manager.GetDevices(string(uid), containers[i].Name) {
+				ids := make([]string, 0, len(devices))
+				for id := range devices {
+					ids = append(ids, id)
+				}
+				sort.Strings(ids)
+				started.Devices[resource] = ids
+			}
+			emit(started)
+		}
+	}
+	return k.setStatus(ctx, pod, v1.PodRunning, "", "")
+}
+
+func (k *kubelet) setStatus(ctx context.Context, pod *v1.Pod, phase v1.PodPhase, reason, message string) error {
+	now := metav1.Now()
+	status := map[string]any{"phase": phase, "reason": reason, "message": message, "startTime": now}
+	if phase == v1.PodRunning {
+		var statuses []map[string]any
+		for _, c := range pod.Spec.Containers {
+			statuses = append(statuses, map[string]any{
+				"name": c.Name, "image": c.Image, "imageID": "", "ready": true, "restartCount": 0,
+				"started": true, "state": map[string]any{"running": map[string]any{"startedAt": now}},
+			})
+		}
+		status["containerStatuses"] = statuses
+	}
+	patch, _ := json.Marshal(map[string]any{"status": status})
+	_, err := k.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}, "status")
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+

@@ -1,0 +1,119 @@
+"""Each end-to-end test gets a control plane of its own (about 4 s), so what one test's
+operator schedules can never land on another test's nodes. `start_operator` runs the operator;
+`gpu_node` brings up a fake GPU node the way a real one runs: the kubelet's device manager
+(kubelet-devices, in a mount namespace of its own) and our device plugin (fake cards)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from kubernetes_asyncio import client
+
+from gpushare import kube
+from gpushare_harness import ControlPlane
+from gpushare_harness.crds import install_crds
+from gpushare_harness.kubelet import KubeletHarness
+from gpushare_harness.nodes import FakeGpuNode, create_gpu_node
+from gpushare_harness.operator import OperatorProcess
+from gpushare_harness.plugin import PluginProcess
+
+
+@pytest.fixture
+def plane(control_plane: ControlPlane, tmp_path: Path) -> Iterator[ControlPlane]:
+    own = ControlPlane(tmp_path / "plane", binaries=control_plane.binaries)
+    with own:
+        yield own
+
+
+@pytest_asyncio.fixture
+async def api(plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
+    async with await kube.api_client(plane.kubeconfig) as api_client:
+        await install_crds(api_client)
+        await client.CoreV1Api(api_client).create_namespace(
+            client.V1Namespace(metadata=client.V1ObjectMeta(name="gpushare-system"))
+        )
+        yield api_client
+
+
+@pytest.fixture
+def core(api: client.ApiClient) -> client.CoreV1Api:
+    return client.CoreV1Api(api)
+
+
+@pytest.fixture
+def start_operator(plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[..., OperatorProcess]]:
+    started: list[OperatorProcess] = []
+
+    def start(identity: str = "op-1", *, wait_synced: bool = True, **env: str) -> OperatorProcess:
+        process = OperatorProcess(
+            plane.kubeconfig, tmp_path / f"{identity}.log", identity=identity, env=env
+        )
+        started.append(process)
+        return process.start(wait_synced=wait_synced)
+
+    yield start
+    for process in started:
+        process.stop()
+
+
+class GpuNode:
+    """A fake GPU node: the Node object, its kubelet (device manager) and its plugin."""
+
+    def __init__(self, name: str, kubelet: KubeletHarness, plugin: PluginProcess) -> None:
+        self.name = name
+        self.kubelet = kubelet
+        self.plugin = plugin
+
+
+@pytest_asyncio.fixture
+async def gpu_node(
+    plane: ControlPlane, core: client.CoreV1Api, tmp_path: Path
+) -> AsyncIterator[Callable[..., object]]:
+    nodes: list[GpuNode] = []
+    folders: list[Path] = []
+
+    async def start(
+        name: str,
+        cards: str,
+        *,
+        plugin_args: list[str] | None = None,
+        plugin_env: dict[str, str] | None = None,
+        wait_registered: bool = True,
+    ) -> GpuNode:
+        """Node `name` with fake `cards` (e.g. "8x11178"), its kubelet and its plugin; waits
+        until the plugin has registered both resources."""
+        await create_gpu_node(core, FakeGpuNode(name=name, gpu_memory=0, gpu_number=0))
+        # Short: a unix socket path has at most 107 bytes, and pytest's tmp_path is long.
+        plugin_dir = Path(tempfile.mkdtemp(prefix=f"dp-{name[:20]}-"))
+        folders.append(plugin_dir)
+        kubelet = KubeletHarness(
+            node=name,
+            kubeconfig=plane.kubeconfig,
+            plugin_dir=plugin_dir,
+            log=tmp_path / f"{name}-kubelet.log",
+        ).start()
+        plugin = PluginProcess(
+            node=name,
+            kubeconfig=plane.kubeconfig,
+            socket_dir=plugin_dir,
+            fake_gpus=cards,
+            log=tmp_path / f"{name}-plugin.log",
+            args=plugin_args,
+            env=plugin_env,
+        )
+        node = GpuNode(name, kubelet, plugin)
+        nodes.append(node)
+        plugin.start(wait_registered=wait_registered)
+        return node
+
+    yield start
+    for node in nodes:
+        node.plugin.stop()
+        node.kubelet.stop()
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)

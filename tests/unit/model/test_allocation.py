@@ -1,0 +1,253 @@
+"""Allocate's decision: which pod and container the kubelet starts, its card, its env."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from builders import gpu_pod, gpunode_resource
+
+from gpushare.model import contract
+from gpushare.model.allocation import (
+    BoundPod,
+    NoCandidate,
+    VisibleDevices,
+    bound_pod,
+    match_container,
+    preferred_device_ids,
+)
+from gpushare.model.inventory import NodeInventory, NodeName, inventory_from_spec
+from gpushare.model.request import GpuKind
+from gpushare.model.usage import PodUid
+
+MEMORY = GpuKind.MEMORY
+NUMBER = GpuKind.NUMBER
+
+
+def inventory(cards: list[int], unit: int = 1) -> NodeInventory:
+    spec = gpunode_resource("n", cards)["spec"]
+    spec["memoryUnitMiB"] = unit
+    found = inventory_from_spec(NodeName("n"), spec)
+    assert found is not None
+    return found
+
+
+def placed(
+    name: str,
+    memory: int | None = None,
+    *,
+    number: int | None = None,
+    index: str | None = "0",
+    at: int | None = 1,
+    extra: list[dict[str, Any]] | None = None,
+    init: list[dict[str, Any]] | None = None,
+    assigned: str | None = None,
+) -> BoundPod:
+    pod = gpu_pod(name, memory, number=number, node="n", index=index, uid=name)
+    if at is not None:
+        pod["metadata"]["annotations"][contract.PREDICATE_TIME] = str(at)
+    if assigned is not None:
+        pod["metadata"]["annotations"][contract.GPU_ASSIGNED] = assigned
+    pod["spec"]["containers"].extend(extra or [])
+    if init:
+        pod["spec"]["initContainers"] = init
+    return bound_pod(pod)
+
+
+def container(name: str, limits: dict[str, str], **extra: Any) -> dict[str, Any]:
+    return {"name": name, "image": "x", "resources": {"limits": limits}, **extra}
+
+
+def test_the_guides_pod_gets_its_card_and_the_guides_env() -> None:
+    grant = match_container(
+        [placed("gpu-pod1", 1024)], {}, kind=MEMORY, count=1024, inventory=inventory([11178] * 8)
+    )
+    assert grant.pod.name == "gpu-pod1"
+    assert grant.last
+    assert grant.env == {
+        contract.ENV_VISIBLE_DEVICES: "0",
+        contract.ENV_GPU_ALLOCATED: "1024",
+        contract.ENV_GPU_MEMORY_TOTAL: "11178",
+    }
+
+
+def test_the_memory_total_is_the_assigned_cards_not_card_0s() -> None:
+    grant = match_container(
+        [placed("p", 1000, index="1")],
+        {},
+        kind=MEMORY,
+        count=1000,
+        inventory=inventory([40960, 81920]),
+    )
+    assert grant.env[contract.ENV_GPU_MEMORY_TOTAL] == "81920"
+    assert grant.env[contract.ENV_VISIBLE_DEVICES] == "1"
+
+
+def test_allocated_is_reported_in_mib_when_the_unit_is_coarser() -> None:
+    grant = match_container(
+        [placed("p", 100)], {}, kind=MEMORY, count=100, inventory=inventory([11178], unit=10)
+    )
+    assert grant.env[contract.ENV_GPU_ALLOCATED] == "1000"
+    assert grant.env[contract.ENV_GPU_MEMORY_TOTAL] == "11178"  # the card's MiB, not units
+
+
+def test_uuids_can_name_the_card() -> None:
+    grant = match_container(
+        [placed("p", 1)],
+        {},
+        kind=MEMORY,
+        count=1,
+        inventory=inventory([100]),
+        visible=VisibleDevices.UUID,
+    )
+    assert grant.env[contract.ENV_VISIBLE_DEVICES] == "GPU-n-0"
+
+
+def test_the_oldest_predicate_time_goes_first_and_a_part_served_pod_before_all() -> None:
+    pods = [placed("new", 10, at=300), placed("old", 10, at=100), placed("none", 10, at=None)]
+    cards = inventory([100])
+    assert match_container(pods, {}, kind=MEMORY, count=10, inventory=cards).pod.name == "old"
+    two = placed("two", 10, at=500, extra=[container("b", {contract.GPU_MEMORY: "10"})])
+    grant = match_container(
+        [*pods, two], {PodUid("two"): 1}, kind=MEMORY, count=10, inventory=cards
+    )
+    assert (grant.pod.name, grant.container) == ("two", "b")
+
+
+def test_a_pod_whose_next_container_asks_for_another_amount_is_passed_over() -> None:
+    pods = [placed("a", 20, at=1), placed("b", 10, at=2)]
+    grant = match_container(pods, {}, kind=MEMORY, count=10, inventory=inventory([100]))
+    assert grant.pod.name == "b"
+
+
+@pytest.mark.parametrize(
+    "pod",
+    [
+        placed("assigned", 10, assigned="true"),
+        placed("other-kind", number=1),
+        bound_pod({**gpu_pod("gone", 10, node="n", index="0"), "status": {"phase": "Succeeded"}}),
+    ],
+)
+def test_served_finished_and_other_kind_pods_are_never_candidates(pod: BoundPod) -> None:
+    with pytest.raises(NoCandidate, match="no pod bound to node n waits"):
+        match_container([pod], {}, kind=MEMORY, count=10, inventory=inventory([100]))
+
+
+def test_a_pod_without_gpu_index_is_named_with_its_scheduler_and_never_served() -> None:
+    stray = bound_pod(
+        {
+            **gpu_pod("stray", 10, node="n"),
+            "spec": {
+                **gpu_pod("stray", 10, node="n")["spec"],
+                "schedulerName": "default-scheduler",
+            },
+        }
+    )
+    with pytest.raises(NoCandidate) as refusal:
+        match_container([stray], {}, kind=MEMORY, count=10, inventory=inventory([100]))
+    message = str(refusal.value)
+    assert "default/stray (schedulerName 'default-scheduler')" in message
+    assert "without volcano.sh/gpu-index" in message
+
+
+@pytest.mark.parametrize(
+    ("index", "reason"),
+    [("9", "card 9, which the node does not have"), ("0,1", "names 2 cards"), ("x", "comma list")],
+)
+def test_an_annotation_the_node_cannot_honour_fails_instead_of_guessing(
+    index: str, reason: str
+) -> None:
+    with pytest.raises(NoCandidate, match=reason):
+        match_container(
+            [placed("p", 10, index=index)],
+            {},
+            kind=MEMORY,
+            count=10,
+            inventory=inventory([100, 100]),
+        )
+
+
+def test_an_unhealthy_card_is_not_handed_out() -> None:
+    cards = inventory_from_spec(
+        NodeName("n"), gpunode_resource("n", [100, 100], unhealthy=(1,))["spec"]
+    )
+    assert cards is not None
+    with pytest.raises(NoCandidate, match="unhealthy"):
+        match_container([placed("p", 10, index="1")], {}, kind=MEMORY, count=10, inventory=cards)
+
+
+def test_containers_are_served_in_kubelet_order_init_first() -> None:
+    pod = placed(
+        "p",
+        10,
+        extra=[container("b", {contract.GPU_MEMORY: "30"})],
+        init=[container("warm", {contract.GPU_MEMORY: "5"})],
+    )
+    cards = inventory([100])
+    served: dict[PodUid, int] = {}
+    seen = []
+    for count in (5, 10, 30):
+        grant = match_container([pod], served, kind=MEMORY, count=count, inventory=cards)
+        served[grant.pod.uid] = grant.position + 1
+        seen.append((grant.container, grant.env[contract.ENV_GPU_ALLOCATED], grant.last))
+    assert seen == [("warm", "5", False), ("cuda-container", "10", False), ("b", "30", True)]
+    with pytest.raises(NoCandidate):
+        match_container([pod], served, kind=MEMORY, count=10, inventory=cards)
+
+
+def test_whole_card_containers_split_the_pods_cards() -> None:
+    pod = placed(
+        "p",
+        number=1,
+        index="1,2,3,5",
+        extra=[container("b", {contract.GPU_NUMBER: "2"})],
+        init=[
+            container("side", {contract.GPU_NUMBER: "1"}, restartPolicy="Always"),
+            container("setup", {contract.GPU_NUMBER: "3"}),
+        ],
+    )
+    cards = inventory([100] * 6)
+    served: dict[PodUid, int] = {}
+    seen = {}
+    for count in (1, 3, 1, 2):
+        grant = match_container([pod], served, kind=NUMBER, count=count, inventory=cards)
+        served[grant.pod.uid] = grant.position + 1
+        seen[grant.container] = grant.env[contract.ENV_VISIBLE_DEVICES]
+    # The sidecar keeps card 1; setup runs beside it on the next three; the app containers
+    # share the pod's cards after the sidecar's.
+    assert seen == {"side": "1", "setup": "2,3,5", "cuda-container": "2", "b": "3,5"}
+    whole = match_container(
+        [placed("w", number=2, index="0,1")],
+        {},
+        kind=NUMBER,
+        count=2,
+        inventory=inventory([40, 60]),
+    )
+    assert whole.env[contract.ENV_GPU_ALLOCATED] == "100"
+
+
+def test_preferred_ids_are_on_the_pods_card_and_keep_what_must_stay() -> None:
+    grant = match_container(
+        [placed("p", 3, index="1")], {}, kind=MEMORY, count=3, inventory=inventory([10, 10])
+    )
+    available = ["0-0", "0-1", "1-9", "1-2", "1-3", "0-2"]
+    assert preferred_device_ids(grant, MEMORY, available, [], 3) == ["1-2", "1-3", "1-9"]
+    assert preferred_device_ids(grant, MEMORY, available, ["0-0"], 3) == ["0-0", "1-2", "1-3"]
+    # When the card runs short the kubelet still gets as many ids as it asked for.
+    assert preferred_device_ids(grant, MEMORY, ["1-0", "0-0", "0-1"], [], 3) == [
+        "1-0",
+        "0-0",
+        "0-1",
+    ]
+
+
+def test_preferred_whole_cards_are_the_pods_uuids() -> None:
+    grant = match_container(
+        [placed("p", number=2, index="1,2")],
+        {},
+        kind=NUMBER,
+        count=2,
+        inventory=inventory([10] * 3),
+    )
+    available = ["GPU-n-0", "GPU-n-1", "GPU-n-2"]
+    assert preferred_device_ids(grant, NUMBER, available, [], 2) == ["GPU-n-1", "GPU-n-2"]

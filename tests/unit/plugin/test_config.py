@@ -1,0 +1,58 @@
+"""Flags with environment twins: precedence, defaults and refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpushare.model.allocation import VisibleDevices
+from gpushare_plugin.config import DEFAULT_SOCKET_DIR, ConfigError, load
+
+
+def test_defaults_need_only_the_node_name() -> None:
+    config = load([], {"NODE_NAME": "gpu-node-1"})
+    assert config.node_name == "gpu-node-1"
+    assert config.socket_dir == DEFAULT_SOCKET_DIR
+    assert config.gpu_memory_factor == 1
+    assert config.visible_devices is VisibleDevices.INDEX
+    assert config.kubeconfig is None
+    assert config.metrics_port == 9402
+    assert config.health.enabled
+    assert config.health.recovery_s == 300
+
+
+def test_a_flag_wins_over_its_variable() -> None:
+    env = {"NODE_NAME": "a", "GPU_MEMORY_FACTOR": "4", "GPUSHARE_VISIBLE_DEVICES": "uuid"}
+    config = load(["--node-name", "b", "--gpu-memory-factor", "auto"], env)
+    assert config.node_name == "b"
+    assert config.gpu_memory_factor is None  # auto
+    assert config.visible_devices is VisibleDevices.UUID
+    assert load([], env).gpu_memory_factor == 4
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    env = {
+        "GPU_MEMORY_FACTOR": "0",
+        "GPUSHARE_VISIBLE_DEVICES": "name",
+        "GPUSHARE_METRICS_PORT": "http",
+        "DP_DISABLE_HEALTHCHECKS": "sometimes",
+        "GPUSHARE_SOCKET_DIR": "/" + "d" * 100,
+    }
+    with pytest.raises(ConfigError) as refused:
+        load([], env)
+    message = str(refused.value)
+    for part in (
+        "NODE_NAME is required",
+        "--gpu-memory-factor='0'",
+        "--visible-devices='name'",
+        "--metrics-port='http'",
+        "'sometimes'",
+        "too long",
+    ):
+        assert part in message
+
+
+def test_the_kubeconfig_comes_from_its_variable() -> None:
+    config = load([], {"NODE_NAME": "n", "KUBECONFIG": "/etc/kube/config"})
+    assert config.kubeconfig == Path("/etc/kube/config")
