@@ -111,6 +111,8 @@ class Supervisor:
         try:
             for endpoint in self._endpoints:
                 await reclaim(endpoint.path)
+                # Build the device list now: the kubelet's first ListAndWatch gets it at once.
+                await asyncio.to_thread(endpoint.servicer.current)
                 server = grpc.aio.server()
                 api_pb2_grpc.add_DevicePluginServicer_to_server(  # type: ignore[no-untyped-call]
                     endpoint.servicer, server
