@@ -1,5 +1,5 @@
-"""kube-apiserver, etcd and the kubelet device-manager harness, built from the Go module proxy
-and cached outside the repository.
+"""kube-apiserver, etcd, kubectl and the kubelet device-manager harness, built from the Go
+module proxy and cached outside the repository.
 
 The wrapper module in harness/go pins k8s.io/kubernetes and every staging module, and etcd's
 server; it also holds kubelet-devices (harness/go/kubeletdevices), the kubelet's own device
@@ -31,10 +31,14 @@ class Binaries:
     kube_apiserver: Path
     etcd: Path
     kubelet_devices: Path
+    kubectl: Path
 
     @property
     def present(self) -> bool:
-        return all(p.is_file() for p in (self.kube_apiserver, self.etcd, self.kubelet_devices))
+        return all(
+            p.is_file()
+            for p in (self.kube_apiserver, self.etcd, self.kubelet_devices, self.kubectl)
+        )
 
 
 def cache_dir() -> Path:
@@ -60,6 +64,7 @@ def expected_binaries() -> Binaries:
         kube_apiserver=folder / "kube-apiserver",
         etcd=folder / "etcd",
         kubelet_devices=folder / "kubelet-devices",
+        kubectl=folder / "kubectl",
     )
 
 
@@ -86,6 +91,7 @@ def ensure_binaries(*, log: bool = True) -> Binaries:
         binaries.kube_apiserver: "k8s.io/kubernetes/cmd/kube-apiserver",
         binaries.etcd: "go.etcd.io/etcd/server/v3",
         binaries.kubelet_devices: "./kubeletdevices",
+        binaries.kubectl: "k8s.io/kubernetes/cmd/kubectl",
     }
     binaries.kube_apiserver.parent.mkdir(parents=True, exist_ok=True)
     for target, package in builds.items():

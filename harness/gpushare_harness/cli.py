@@ -1,6 +1,6 @@
 """`gpushare-dev`: the local control plane for people.
 
-    gpushare-dev build                 build (or find) kube-apiserver, etcd and kubelet-devices
+    gpushare-dev build                 build (or find) the Go binaries (apiserver, etcd, kubectl, ...)
     gpushare-dev up [--dir D]          start etcd + kube-apiserver, install the CRDs,
                                        print the kubeconfig to use (kopf run, kubectl)
     gpushare-dev status [--dir D]      is it running, and where
@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("build", help="build or find kube-apiserver, etcd and kubelet-devices")
+    commands.add_parser(
+        "build", help="build or find kube-apiserver, etcd, kubectl and kubelet-devices"
+    )
     for name in ("up", "status", "down"):
         command = commands.add_parser(name)
         command.add_argument("--dir", type=Path, default=cache_dir() / "cluster")
@@ -61,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                         "kube-apiserver": str(binaries.kube_apiserver),
                         "etcd": str(binaries.etcd),
                         "kubelet-devices": str(binaries.kubelet_devices),
+                        "kubectl": str(binaries.kubectl),
                     },
                     indent=2,
                 )

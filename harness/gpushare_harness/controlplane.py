@@ -208,6 +208,20 @@ class ControlPlane:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
     def _write_kubeconfig(self) -> None:
+        assert self.pki is not None
+        user = {
+            "client-certificate": str(self.pki.admin_cert),
+            "client-key": str(self.pki.admin_key),
+        }
+        self.write_kubeconfig(self.kubeconfig, "gpushare-admin", user)
+
+    def token_kubeconfig(self, path: Path, name: str, token: str) -> Path:
+        """A kubeconfig at `path` that authenticates with a bearer `token` (a service
+        account's, from the TokenRequest API)."""
+        self.write_kubeconfig(path, name, {"token": token})
+        return path
+
+    def write_kubeconfig(self, path: Path, user_name: str, user: dict[str, str]) -> None:
         assert self.endpoints is not None
         assert self.pki is not None
         config = {
@@ -222,27 +236,19 @@ class ControlPlane:
                     },
                 }
             ],
-            "users": [
-                {
-                    "name": "gpushare-admin",
-                    "user": {
-                        "client-certificate": str(self.pki.admin_cert),
-                        "client-key": str(self.pki.admin_key),
-                    },
-                }
-            ],
+            "users": [{"name": user_name, "user": user}],
             "contexts": [
                 {
                     "name": "gpushare-local",
                     "context": {
                         "cluster": "gpushare-local",
-                        "user": "gpushare-admin",
+                        "user": user_name,
                     },
                 }
             ],
             "current-context": "gpushare-local",
         }
-        self.kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
 
     def describe(self) -> dict[str, object]:
         """What a person needs to reach it (printed by `gpushare-dev up`)."""

@@ -12,46 +12,24 @@ from __future__ import annotations
 import asyncio
 import datetime
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from structlog.typing import FilteringBoundLogger
 
 from gpushare import logs
 from gpushare.kube import ApiError
-from gpushare.model import (
-    Diagnosis,
-    GpuShareError,
-    NodeCheck,
-    NodeName,
-    Placement,
-    PodRef,
-    PodRequest,
-    PodUid,
-    contract,
-    diagnose,
-    find_placement,
-    gpu_request,
-    pod_ref,
-)
+from gpushare.model import NodeName, Placement, PodRef, PodUid, contract, pod_ref
 from gpushare.model.bodies import Body, path, text
-from gpushare.model.filters import choose_node, pod_needs, unsupported
-from gpushare_operator.cache import ExactnessCheck, SchedulerCache
+from gpushare_operator.cache import SchedulerCache
 from gpushare_operator.config import OperatorConfig
+from gpushare_operator.decision import Refusal, plan
 from gpushare_operator.kubeapi import SchedulerApi
 from gpushare_operator.metrics import SchedulerMetrics
 from gpushare_operator.queue import SchedulingQueue
 from gpushare_operator.reporting import Reporter
 
 _BIND_ATTEMPTS = 5
-
-
-@dataclass(frozen=True, slots=True)
-class _Refusal:
-    message: str
-    retry_in_s: float | None = None
-    wake_key: Hashable = None
-    """The request signature: an assignment of a pod with it may let this one go."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,68 +94,28 @@ class Scheduler:
             return None
         pod = pod_ref(body)
         outcome = self._decide(body, pod)
-        if isinstance(outcome, _Refusal):
+        if isinstance(outcome, Refusal):
             self._unschedulable(uid, pod, outcome)
             return None
         return outcome
 
-    def _decide(self, body: Body, pod: PodRef) -> _Decision | _Refusal:
-        try:
-            request = gpu_request(body)
-            needs = pod_needs(body)
-        except GpuShareError as error:
-            return _Refusal(str(error))
-        reason = unsupported(body)
-        if reason is not None:
-            return _Refusal(reason)
-        if request.kind is None:
-            chosen = choose_node(self.cache.facts(), self.cache.requested, needs)
-            if isinstance(chosen, Diagnosis):
-                return _Refusal(chosen.summary())
-            self.cache.assume(body, None, chosen, request, needs.requests)
-            return _Decision(body=body, pod=pod, node=chosen, placement=None)
-        exactness = self.cache.card_check(request)
-        node_check = self.cache.node_check(needs)
-        policy = self._config().policy
-        ledger = self.cache.ledger
-        result = find_placement(
-            ledger, request, policy, node_check=node_check, card_check=exactness
-        )
-        if result is None:
-            # Retried when an assignment wait that held a card back runs out, at the latest.
-            return _Refusal(
-                self._why_not(request, node_check, exactness),
-                exactness.first_wait_ends_in,
-                request.signature,
-            )
-        for earlier in exactness.expired.values():
+    def _decide(self, body: Body, pod: PodRef) -> _Decision | Refusal:
+        outcome = plan(self.cache, body, self._config().policy)
+        if isinstance(outcome, Refusal):
+            return outcome
+        for earlier in outcome.expired.values():
             self._log.warning(
                 "assignment_wait_expired",
                 pod=str(pod),
                 waited_for=str(earlier),
                 note="placed although an earlier pod of the same request is still unassigned",
             )
-        self.cache.assume(body, result, result.node, request, needs.requests)
-        return _Decision(body=body, pod=pod, node=result.node, placement=result)
+        self.cache.assume(
+            body, outcome.placement, outcome.node, outcome.request, outcome.needs.requests
+        )
+        return _Decision(body=body, pod=pod, node=outcome.node, placement=outcome.placement)
 
-    def _why_not(
-        self, request: PodRequest, node_check: NodeCheck, exactness: ExactnessCheck
-    ) -> str:
-        """The message for a pod that fits nowhere now. When it would fit but for the
-        exactness rule (a burst of same-size pods waiting for the kubelets), say so directly:
-        a full diagnosis visits every card, too dear to repeat for each of them."""
-        ledger, policy = self.cache.ledger, self._config().policy
-        blocked = find_placement(ledger, request, policy, node_check=node_check)
-        if blocked is not None:
-            card = blocked.cards[0]
-            return (
-                f"0/{len(ledger.nodes()) + len(ledger.nodes_without_gpu())} nodes are "
-                f"available now; the best fit is {blocked.node} card {card}, "
-                f"{exactness(blocked.node, card)}"
-            )
-        return diagnose(ledger, request, node_check, exactness).summary()
-
-    def _unschedulable(self, uid: PodUid, pod: PodRef, refusal: _Refusal) -> None:
+    def _unschedulable(self, uid: PodUid, pod: PodRef, refusal: Refusal) -> None:
         message = refusal.message
         self.queue.park(uid, refusal.retry_in_s, refusal.wake_key)
         self._metrics.attempts.labels("unschedulable").inc()

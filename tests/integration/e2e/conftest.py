@@ -84,9 +84,11 @@ async def gpu_node(
         plugin_args: list[str] | None = None,
         plugin_env: dict[str, str] | None = None,
         wait_registered: bool = True,
+        kubeconfig: Path | None = None,
     ) -> GpuNode:
         """Node `name` with fake `cards` (e.g. "8x11178"), its kubelet and its plugin; waits
-        until the plugin has registered both resources."""
+        until the plugin has registered both resources. `kubeconfig`: the plugin's own
+        (default the admin's)."""
         await create_gpu_node(core, FakeGpuNode(name=name, gpu_memory=0, gpu_number=0))
         # Short: a unix socket path has at most 107 bytes, and pytest's tmp_path is long.
         plugin_dir = Path(tempfile.mkdtemp(prefix=f"dp-{name[:20]}-"))

@@ -1,0 +1,105 @@
+"""One scheduling decision, pure: where a pod would go now, or why it cannot.
+
+The scheduler assumes and binds what `plan` returns; the `gpushare` CLI (explain, simulate)
+calls the same function on a cache built from one LIST, so what it says is what the operator
+would do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+
+from gpushare.model import (
+    Diagnosis,
+    GpuShareError,
+    NodeCheck,
+    NodeName,
+    Placement,
+    PodRef,
+    PodRequest,
+    diagnose,
+    find_placement,
+    gpu_request,
+)
+from gpushare.model.bodies import Body
+from gpushare.model.filters import PodNeeds, choose_node, pod_needs, unsupported
+from gpushare.model.placement import Policy
+from gpushare.model.usage import PodUid
+from gpushare_operator.cache import ExactnessCheck, SchedulerCache
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    message: str
+    retry_in_s: float | None = None
+    wake_key: Hashable = None
+    """The request signature: an assignment of a pod with it may let this one go."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    node: NodeName
+    placement: Placement | None
+    """None for a pod that asks for no GPU."""
+    request: PodRequest
+    needs: PodNeeds
+    expired: Mapping[PodUid, PodRef] = field(default_factory=dict)
+    """Earlier pods of the same request whose assignment wait ran out (logged)."""
+
+
+def plan(cache: SchedulerCache, body: Body, policy: Policy) -> Plan | Refusal:
+    try:
+        request = gpu_request(body)
+        needs = pod_needs(body)
+    except GpuShareError as error:
+        return Refusal(str(error))
+    reason = unsupported(body)
+    if reason is not None:
+        return Refusal(reason)
+    if request.kind is None:
+        chosen = choose_node(cache.facts(), cache.requested, needs)
+        if isinstance(chosen, Diagnosis):
+            return Refusal(chosen.summary())
+        return Plan(node=chosen, placement=None, request=request, needs=needs)
+    exactness = cache.card_check(request)
+    node_check = cache.node_check(needs)
+    result = find_placement(
+        cache.ledger, request, policy, node_check=node_check, card_check=exactness
+    )
+    if result is None:
+        # Retried when an assignment wait that held a card back runs out, at the latest.
+        return Refusal(
+            why_not(cache, request, node_check, exactness, policy),
+            exactness.first_wait_ends_in,
+            request.signature,
+        )
+    return Plan(
+        node=result.node,
+        placement=result,
+        request=request,
+        needs=needs,
+        expired=dict(exactness.expired),
+    )
+
+
+def why_not(
+    cache: SchedulerCache,
+    request: PodRequest,
+    node_check: NodeCheck,
+    exactness: ExactnessCheck,
+    policy: Policy,
+) -> str:
+    """The message for a pod that fits nowhere now. When it would fit but for the exactness
+    rule (a burst of same-size pods waiting for the kubelets), say so directly: a full
+    diagnosis visits every card, too dear to repeat for each of them."""
+    ledger = cache.ledger
+    blocked = find_placement(ledger, request, policy, node_check=node_check)
+    if blocked is not None:
+        card = blocked.cards[0]
+        return (
+            f"0/{len(ledger.nodes()) + len(ledger.nodes_without_gpu())} nodes are "
+            f"available now; the best fit is {blocked.node} card {card}, "
+            f"{exactness(blocked.node, card)}"
+        )
+    return diagnose(ledger, request, node_check, exactness).summary()

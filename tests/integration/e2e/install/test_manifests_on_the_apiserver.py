@@ -1,0 +1,97 @@
+"""The manifests against the real apiserver: a server-side dry run, then the operator and the
+device plugin running with tokens of their own ServiceAccounts, bound by these manifests'
+roles, through the guide's scenario: the roles are enough."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster import create_pod, gpu_pod
+from kubernetes_asyncio import client
+
+from gpushare.model import contract
+from gpushare_harness import ControlPlane
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+MANIFESTS = Path(__file__).resolve().parents[4] / "manifests"
+
+
+def kubectl(plane: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(plane.binaries.kubectl), "--kubeconfig", str(plane.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+
+
+async def token_for(core: client.CoreV1Api, account: str) -> str:
+    request = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
+    )
+    answer = await core.create_namespaced_service_account_token(account, "gpushare-system", request)
+    return str(answer.status.token)
+
+
+async def test_the_manifests_pass_a_server_side_dry_run(plane: ControlPlane) -> None:
+    # A dry run creates no namespace, so the namespaced objects need it to exist already.
+    namespace = kubectl(plane, "apply", "-f", str(MANIFESTS / "namespace.yaml"))
+    assert namespace.returncode == 0, namespace.stderr
+    result = kubectl(plane, "apply", "--dry-run=server", "-k", str(MANIFESTS))
+    assert result.returncode == 0, result.stderr
+    for created in (
+        "customresourcedefinition.apiextensions.k8s.io/gpunodes.gpushare.io",
+        "clusterrole.rbac.authorization.k8s.io/gpushare-operator",
+        "clusterrole.rbac.authorization.k8s.io/gpushare-device-plugin",
+        "deployment.apps/gpushare-operator",
+        "daemonset.apps/gpushare-device-plugin",
+    ):
+        assert created in result.stdout
+
+
+async def test_the_components_need_no_more_than_their_roles(
+    plane: ControlPlane,
+    core: client.CoreV1Api,
+    tmp_path: Path,
+    gpu_node: Callable[..., Any],
+    start_operator: Callable[..., Any],
+) -> None:
+    applied = kubectl(plane, "apply", "-k", str(MANIFESTS))
+    assert applied.returncode == 0, applied.stderr
+    example = kubectl(plane, "apply", "-f", str(MANIFESTS / "examples" / "scheduler-config.yaml"))
+    assert example.returncode == 0, example.stderr
+    operator_config = plane.token_kubeconfig(
+        tmp_path / "operator.kubeconfig",
+        "gpushare-operator",
+        await token_for(core, "gpushare-operator"),
+    )
+    plugin_config = plane.token_kubeconfig(
+        tmp_path / "plugin.kubeconfig",
+        "gpushare-device-plugin",
+        await token_for(core, "gpushare-device-plugin"),
+    )
+    node = await gpu_node("gpu-node-1", "8x11178", kubeconfig=plugin_config)
+    operator = start_operator(KUBECONFIG=str(operator_config))
+    operator.wait_logged("started_leading", timeout_s=20)
+    for name in ("gpu-pod1", "gpu-pod2"):
+        await create_pod(core, gpu_pod(name, 1024))
+    for name in ("gpu-pod1", "gpu-pod2"):
+        line = await asyncio.to_thread(
+            node.kubelet.wait_started, f"default/{name}", "cuda-container"
+        )
+        assert line["envs"] == {
+            contract.ENV_VISIBLE_DEVICES: "0",
+            contract.ENV_GPU_ALLOCATED: "1024",
+            contract.ENV_GPU_MEMORY_TOTAL: "11178",
+        }
+    for process in (operator, node.plugin):
+        # Every refusal the apiserver gives reads "... is forbidden: User ... cannot ...".
+        log = process.log.read_text().lower()
+        assert "forbidden" not in log, f"{process.name} was refused:\n{process.tail()}"
