@@ -18,7 +18,7 @@ import contextlib
 import json
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,8 @@ from gpushare.model.status import gpunode_status
 from gpushare_operator.cache import SchedulerCache
 from gpushare_operator.config import ConfigError, OperatorConfig, from_env, with_live
 from gpushare_operator.decision import Plan, Refusal, plan
+
+_READ_ATTEMPTS = 8  # about 10 s of waiting
 
 
 class CliError(Exception):
@@ -59,24 +61,26 @@ async def read_cluster(kubeconfig: Path | None) -> Cluster:
         async with await kube.api_client(kubeconfig) as api:
             core = client.CoreV1Api(api)
             objects = client.CustomObjectsApi(api)
-            nodes = await kube.raw_json(core.list_node(_preload_content=False))
-            pods = await kube.raw_json(core.list_pod_for_all_namespaces(_preload_content=False))
-            gpunodes = await _optional(
-                objects.list_cluster_custom_object(
+            nodes = await _read(lambda: core.list_node(_preload_content=False))
+            pods = await _read(lambda: core.list_pod_for_all_namespaces(_preload_content=False))
+            gpunodes = await _read(
+                lambda: objects.list_cluster_custom_object(
                     contract.INVENTORY_GROUP,
                     contract.INVENTORY_VERSION,
                     contract.INVENTORY_PLURAL,
                     _preload_content=False,
-                )
+                ),
+                optional=True,
             )
-            live = await _optional(
-                objects.get_cluster_custom_object(
+            live = await _read(
+                lambda: objects.get_cluster_custom_object(
                     contract.INVENTORY_GROUP,
                     contract.INVENTORY_VERSION,
                     "gpushareconfigs",
                     "default",
                     _preload_content=False,
-                )
+                ),
+                optional=True,
             )
     except (aiohttp.ClientError, OSError, TimeoutError) as error:
         raise CliError(
@@ -95,14 +99,22 @@ async def read_cluster(kubeconfig: Path | None) -> Cluster:
     return Cluster(nodes=_items(nodes), gpunodes=_items(gpunodes), pods=_items(pods), config=config)
 
 
-async def _optional(call: Any) -> dict[str, Any]:
-    """A read that may be absent (no CRDs installed, no live configuration)."""
-    try:
-        return await kube.raw_json(call)
-    except ApiError as error:
-        if error.status == 404:
-            return {}
-        raise
+async def _read(call: Callable[[], Awaitable[object]], *, optional: bool = False) -> dict[str, Any]:
+    """One read, retried for a few seconds while the apiserver asks to wait (429, 503: it is
+    starting or overloaded); with `optional`, a 404 (no CRDs, no live config) reads as empty."""
+    delay = 0.25
+    for _ in range(_READ_ATTEMPTS):
+        try:
+            return await kube.raw_json(call())
+        except ApiError as error:
+            if optional and error.status == 404:
+                return {}
+            if error.status not in (429, 503):
+                raise
+            last = error
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
+    raise last
 
 
 def _items(body: Body) -> list[dict[str, Any]]:

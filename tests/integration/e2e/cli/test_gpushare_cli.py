@@ -1,0 +1,115 @@
+"""`gpushare inspect | explain | simulate` against a live cluster: a node run by the device
+plugin and the kubelet's device manager, the operator placing pods."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cluster import create_pod, gpu_pod, unschedulable
+from kubernetes_asyncio import client
+
+from gpushare_harness import ControlPlane
+from gpushare_harness.controlplane import free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+
+def gpushare(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpushare_operator.cli", "--kubeconfig", str(kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
+async def test_inspect_explain_and_simulate_show_what_the_scheduler_sees(
+    plane: ControlPlane,
+    core: client.CoreV1Api,
+    gpu_node: Callable[..., Any],
+    start_operator: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    node = await gpu_node("gpu-node-1", "2x11178")
+    start_operator()
+    await create_pod(core, gpu_pod("gpu-pod1", 1024))
+    await asyncio.to_thread(node.kubelet.wait_started, "default/gpu-pod1", "cuda-container")
+    await create_pod(core, gpu_pod("too-big", 20000))
+    await unschedulable(core, "too-big")
+
+    shown = gpushare(plane.kubeconfig, "inspect", "-o", "json")
+    assert shown.returncode == 0, shown.stderr
+    (report,) = json.loads(shown.stdout)
+    assert report["node"] == "gpu-node-1"
+    assert (report["usedMiB"], report["totalMiB"]) == (1024, 2 * 11178)
+    card0, card1 = report["cards"]
+    assert (card0["usedMiB"], card0["totalMiB"], card0["pods"]) == (
+        1024,
+        11178,
+        ["default/gpu-pod1"],
+    )
+    assert (card1["usedMiB"], card1["health"], card0["model"]) == (0, "Healthy", "Fake GPU")
+
+    table = gpushare(plane.kubeconfig, "inspect")
+    assert "GPU0(Used/Total)" in table.stdout
+    assert "1024/11178" in table.stdout
+    detail = gpushare(plane.kubeconfig, "inspect", "gpu-node-1", "-d")
+    assert "default/gpu-pod1" in detail.stdout
+
+    bound = gpushare(plane.kubeconfig, "explain", "gpu-pod1")
+    assert "bound to gpu-node-1, card 0; served by the device plugin" in bound.stdout
+    waiting = gpushare(plane.kubeconfig, "explain", "too-big")
+    assert "cannot be placed now: 0/1 nodes are available" in waiting.stdout
+    assert "card 0 10154 MiB free < 20000 MiB" in waiting.stdout
+    assert "card 1 11178 MiB free < 20000 MiB" in waiting.stdout
+    as_json = json.loads(gpushare(plane.kubeconfig, "explain", "too-big", "-o", "json").stdout)
+    assert as_json["state"] == "cannot be placed now"
+    assert as_json["schedulerSays"].startswith("0/1 nodes are available")
+
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(yaml.safe_dump(gpu_pod("what-if", 5000)))
+    simulated = gpushare(plane.kubeconfig, "simulate", "-f", str(manifest))
+    assert simulated.returncode == 0, simulated.stderr
+    # Best-fit: card 0 (10154 MiB free) leaves less unused than card 1.
+    assert "would be placed now (bestfit): gpu-node-1 card 0 (5154 MiB left)" in simulated.stdout
+    pods = await core.list_namespaced_pod("default")
+    assert "what-if" not in {p.metadata.name for p in pods.items}  # nothing was written
+
+
+async def test_the_cli_fails_clearly_on_a_missing_pod_a_bad_file_or_no_cluster(
+    plane: ControlPlane, core: client.CoreV1Api, tmp_path: Path
+) -> None:
+    missing = gpushare(plane.kubeconfig, "explain", "nope", "-n", "team-a")
+    assert missing.returncode == 1
+    assert "pod team-a/nope not found" in missing.stderr
+    unknown = gpushare(plane.kubeconfig, "inspect", "ghost")
+    assert (unknown.returncode, unknown.stderr.strip()) == (1, "gpushare: node ghost not found")
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: Pod\nspec: [unclosed\n")
+    refused = gpushare(plane.kubeconfig, "simulate", "-f", str(bad))
+    assert refused.returncode == 2
+    assert "is not valid YAML" in refused.stderr
+    bad.write_text(yaml.safe_dump({"kind": "Deployment"}))
+    assert (
+        "must hold one Pod manifest"
+        in gpushare(plane.kubeconfig, "simulate", "-f", str(bad)).stderr
+    )
+
+    nowhere = plane.token_kubeconfig(tmp_path / "nowhere", "nobody", "t")
+    text = nowhere.read_text().replace(
+        plane.endpoints.server if plane.endpoints else "", f"https://127.0.0.1:{free_port()}"
+    )
+    nowhere.write_text(text)
+    unreachable = gpushare(nowhere, "inspect")
+    assert unreachable.returncode == 1
+    assert "cannot reach the cluster" in unreachable.stderr
