@@ -3,7 +3,12 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 TOOLS := .venv-tools
 DEV := .venv
 
-.PHONY: test up down bench lint clean
+.PHONY: demo test up down bench lint clean
+
+## demo: the user guide end to end (control plane, two fake GPU nodes with the device plugin and
+## the kubelet's device manager, the operator, the guide's pods); leaves it running
+demo: $(DEV)/bin/gpushare-dev
+	$(DEV)/bin/gpushare-dev demo
 
 ## test: lint + unit + property + integration tests (builds kube-apiserver and etcd if absent)
 test: $(TOOLS)/bin/tox
@@ -14,13 +19,14 @@ up: $(DEV)/bin/gpushare-dev
 	$(DEV)/bin/gpushare-dev up
 	$(DEV)/bin/gpushare-dev add-node gpu-node-1 --gpu-memory 89424 --gpu-number 8
 
-## down: stop the local control plane
+## down: stop the local control plane (and the demo's processes)
 down: $(DEV)/bin/gpushare-dev
 	$(DEV)/bin/gpushare-dev down
 
-## bench: the placement benchmark (5,000 nodes x 8 cards, 40,000 pods)
+## bench: the placement benchmark (5,000 nodes x 8 cards, 40,000 pods) and the plugin's
 bench: $(DEV)/bin/gpushare-dev
 	$(DEV)/bin/python bench/placement.py
+	$(DEV)/bin/python bench/plugin.py
 
 lint: $(TOOLS)/bin/tox
 	$(TOOLS)/bin/tox run -e lint

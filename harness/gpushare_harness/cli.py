@@ -1,12 +1,15 @@
 """`gpushare-dev`: the local control plane for people.
 
-    gpushare-dev build                 build (or find) the Go binaries (apiserver, etcd, kubectl, ...)
+    gpushare-dev demo [--dir D]        the user guide end to end (see gpushare_harness.demo);
+                                       leaves everything running
+    gpushare-dev build                 build (or find) the Go binaries: kube-apiserver,
+                                       etcd, kubectl, kubelet-devices
     gpushare-dev up [--dir D]          start etcd + kube-apiserver, install the CRDs,
                                        print the kubeconfig to use (kopf run, kubectl)
     gpushare-dev status [--dir D]      is it running, and where
     gpushare-dev add-node NAME --gpu-memory 89424 --gpu-number 8
                                        a fake GPU node (status as a kubelet would write it)
-    gpushare-dev down [--dir D]        stop it and delete its state
+    gpushare-dev down [--dir D]        stop it all (the demo's processes too), delete state
 
 State lives in --dir (default ~/.cache/gpushare/cluster): certificates, kubeconfig, logs,
 etcd data and state.json with the process ids.
@@ -21,15 +24,18 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import client
 
 from gpushare.kube import ApiError, api_client
+from gpushare_harness import demo
 from gpushare_harness.binaries import BuildError, cache_dir, ensure_binaries
 from gpushare_harness.controlplane import ControlPlane, ControlPlaneError, terminate
 from gpushare_harness.crds import install_crds
+from gpushare_harness.kubelet import KubeletUnavailable
 from gpushare_harness.nodes import FakeGpuNode, create_gpu_node
 
 LEASE_NAMESPACE = "gpushare-system"
@@ -45,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser(
         "build", help="build or find kube-apiserver, etcd, kubectl and kubelet-devices"
     )
-    for name in ("up", "status", "down"):
+    for name in ("demo", "up", "status", "down"):
         command = commands.add_parser(name)
         command.add_argument("--dir", type=Path, default=cache_dir() / "cluster")
     add_node = commands.add_parser("add-node", help="create a fake GPU node")
@@ -54,34 +60,41 @@ def main(argv: list[str] | None = None) -> int:
     add_node.add_argument("--gpu-number", type=int, required=True, help="cards")
     add_node.add_argument("--dir", type=Path, default=cache_dir() / "cluster")
     args = parser.parse_args(argv)
+    run: dict[str, Callable[[], int]] = {
+        "build": _build,
+        "demo": lambda: _demo(args.dir),
+        "up": lambda: _up(args.dir),
+        "status": lambda: _status(args.dir),
+        "down": lambda: _down(args.dir),
+        "add-node": lambda: _add_node(
+            args.dir,
+            FakeGpuNode(name=args.name, gpu_memory=args.gpu_memory, gpu_number=args.gpu_number),
+        ),
+    }
     try:
-        if args.command == "build":
-            binaries = ensure_binaries()
-            print(
-                json.dumps(
-                    {
-                        "kube-apiserver": str(binaries.kube_apiserver),
-                        "etcd": str(binaries.etcd),
-                        "kubelet-devices": str(binaries.kubelet_devices),
-                        "kubectl": str(binaries.kubectl),
-                    },
-                    indent=2,
-                )
-            )
-            return 0
-        if args.command == "up":
-            return _up(args.dir)
-        if args.command == "status":
-            return _status(args.dir)
-        if args.command == "add-node":
-            return _add_node(
-                args.dir,
-                FakeGpuNode(name=args.name, gpu_memory=args.gpu_memory, gpu_number=args.gpu_number),
-            )
-        return _down(args.dir)
-    except (BuildError, ControlPlaneError, ApiError, client.ApiException) as error:
+        return run[args.command]()
+    except (
+        BuildError,
+        ControlPlaneError,
+        ApiError,
+        client.ApiException,
+        KubeletUnavailable,
+        RuntimeError,
+    ) as error:
         print(f"gpushare-dev {args.command}: {error}", file=sys.stderr)
         return 1
+
+
+def _build() -> int:
+    binaries = ensure_binaries()
+    found = {
+        "kube-apiserver": str(binaries.kube_apiserver),
+        "etcd": str(binaries.etcd),
+        "kubelet-devices": str(binaries.kubelet_devices),
+        "kubectl": str(binaries.kubectl),
+    }
+    print(json.dumps(found, indent=2))
+    return 0
 
 
 def _state(directory: Path) -> dict[str, Any] | None:
@@ -130,6 +143,30 @@ def _up(directory: Path) -> int:
     return 0
 
 
+def _demo(directory: Path) -> int:
+    state = _state(directory)
+    if state is not None and state.get("components"):
+        _down(directory)  # a fresh demo: the guide's pods on an empty cluster
+    _up(directory)
+    state = _state(directory)
+    assert state is not None
+    kubeconfig = Path(state["kubeconfig"])
+    try:
+        state["components"] = demo.start_components(directory, kubeconfig)
+    finally:
+        (directory / "state.json").write_text(json.dumps(state, indent=2))
+    demo.show(directory, kubeconfig)
+    flag = f" --dir {directory}" if directory != cache_dir() / "cluster" else ""
+    print(
+        f"\nEverything keeps running. Go on with kubectl:\n"
+        f"  export KUBECONFIG={kubeconfig}\n"
+        f"  kubectl get gpunodes; kubectl get pods -o wide\n"
+        f"Logs: {directory}/*.log\n"
+        f"Stop it all: " + (f"gpushare-dev down{flag}" if flag else "make down")
+    )
+    return 0
+
+
 def _status(directory: Path) -> int:
     state = _state(directory)
     if not _running(state):
@@ -140,11 +177,11 @@ def _status(directory: Path) -> int:
 
 
 def _stop(state: dict[str, Any]) -> None:
-    """kube-apiserver first (it shuts down slowly without etcd), then etcd; SIGKILL after
-    10 s each."""
+    """The demo's components first, then kube-apiserver (it shuts down slowly without
+    etcd), then etcd; SIGKILL after 10 s each."""
     pids: dict[str, int] = state["pids"]
-    for name in ("kube-apiserver", "etcd"):
-        pid = pids.get(name)
+    components: dict[str, int] = state.get("components", {})
+    for pid in [*components.values(), pids.get("kube-apiserver"), pids.get("etcd")]:
         if pid is None:
             continue
         terminate(pid)

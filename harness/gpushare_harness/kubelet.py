@@ -41,8 +41,10 @@ def check_namespaces() -> None:
 class KubeletHarness(LoggedProcess):
     name = "kubelet-devices"
 
-    def __init__(self, *, node: str, kubeconfig: Path, plugin_dir: Path, log: Path) -> None:
-        super().__init__(log)
+    def __init__(
+        self, *, node: str, kubeconfig: Path, plugin_dir: Path, log: Path, detached: bool = False
+    ) -> None:
+        super().__init__(log, detached=detached)
         self.node = node
         self.kubeconfig = kubeconfig
         self.plugin_dir = plugin_dir

@@ -28,9 +28,10 @@ class OperatorProcess(LoggedProcess):
         identity: str = "op-1",
         env: dict[str, str] | None = None,
         profile: Path | None = None,
+        detached: bool = False,
     ) -> None:
         """`profile`: write a cProfile of the operator's main thread there (benchmarks)."""
-        super().__init__(log)
+        super().__init__(log, detached=detached)
         self.kubeconfig = kubeconfig
         self.python_args = ["-m", "cProfile", "-o", str(profile)] if profile else []
         self.identity = identity

@@ -23,8 +23,9 @@ class PluginProcess(LoggedProcess):
         log: Path,
         args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        detached: bool = False,
     ) -> None:
-        super().__init__(log)
+        super().__init__(log, detached=detached)
         self.node = node
         self.kubeconfig = kubeconfig
         self.socket_dir = socket_dir

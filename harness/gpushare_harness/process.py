@@ -19,8 +19,11 @@ from gpushare_harness.controlplane import die_with_parent
 class LoggedProcess:
     name = "process"
 
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, *, detached: bool = False) -> None:
+        """`detached`: the process outlives this one (the demo leaves it running; stop it by
+        its pid's process group), else it dies with its parent (tests)."""
         self.log = log
+        self.detached = detached
         self._process: subprocess.Popen[bytes] | None = None
         self.log_start = 0
 
@@ -36,7 +39,8 @@ class LoggedProcess:
                 stdout=out,
                 stderr=err,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=die_with_parent,  # noqa: PLW1509
+                start_new_session=self.detached,
+                preexec_fn=None if self.detached else die_with_parent,  # noqa: PLW1509
             )
 
     def wait_logged(

@@ -1,0 +1,191 @@
+"""The user guide, end to end, on this machine: `gpushare-dev demo` (`make demo`).
+
+It starts the local control plane (or reuses the running one), brings up two fake GPU nodes,
+each run the way a real one is (the kubelet's own device manager acting as its kubelet, and
+the gpushare device plugin with fake cards), starts the operator, applies the guide's
+gpu-pod1 and gpu-pod2 unchanged, and shows what the guide shows. Everything keeps running
+afterwards; `gpushare-dev down` stops it all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from gpushare.kube import api_client, raw_json
+from gpushare.model import contract
+from gpushare_harness.binaries import ensure_binaries
+from gpushare_harness.kubelet import KubeletHarness
+from gpushare_harness.nodes import FakeGpuNode, create_gpu_node
+from gpushare_harness.operator import OperatorProcess
+from gpushare_harness.plugin import PluginProcess
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
+NODES = {
+    "gpu-node-1": "8x11178",  # the guide's node: 8 cards of 11178 MiB
+    "gpu-node-2": "1x81920,1x40960,2x24576",  # heterogeneous cards
+}
+GUIDE_PODS = ("gpu-pod1", "gpu-pod2")
+
+
+def section(title: str) -> None:
+    print(f"\n== {title}", flush=True)
+
+
+def kubectl(kubeconfig: Path, *args: str) -> str:
+    binary = ensure_binaries().kubectl
+    shown = " ".join(args)
+    print(f"$ kubectl {shown}", flush=True)
+    result = subprocess.run(
+        [str(binary), "--kubeconfig", str(kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"kubectl {shown} failed: {result.stderr.strip()}")
+    print(result.stdout.rstrip(), flush=True)
+    return result.stdout
+
+
+def gpushare(kubeconfig: Path, *args: str) -> None:
+    print(f"$ gpushare {' '.join(args)}", flush=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "gpushare_operator.cli", "--kubeconfig", str(kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    print((result.stdout or result.stderr).rstrip(), flush=True)
+
+
+async def _create_nodes(kubeconfig: Path) -> None:
+    async with await api_client(kubeconfig) as api:
+        core = client.CoreV1Api(api)
+        for name in NODES:
+            try:
+                await create_gpu_node(core, FakeGpuNode(name=name, gpu_memory=0, gpu_number=0))
+            except client.ApiException as error:
+                if error.status != 409:
+                    raise
+
+
+async def _wait_running(kubeconfig: Path, names: tuple[str, ...], timeout_s: float) -> None:
+    async with await api_client(kubeconfig) as api:
+        core = client.CoreV1Api(api)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            pods = await raw_json(core.list_namespaced_pod("default", _preload_content=False))
+            phases = {p["metadata"]["name"]: p["status"].get("phase") for p in pods["items"]}
+            if all(phases.get(name) == "Running" for name in names):
+                return
+            await asyncio.sleep(0.3)
+        raise RuntimeError(f"the guide's pods are not Running after {timeout_s} s: {phases}")
+
+
+def start_components(directory: Path, kubeconfig: Path) -> dict[str, int]:
+    """Kubelet harness and device plugin per node, then the operator; their pids."""
+    asyncio.run(_create_nodes(kubeconfig))
+    pids: dict[str, int] = {}
+    for name, cards in NODES.items():
+        plugin_dir = directory / f"dp-{name}"
+        kubelet = KubeletHarness(
+            node=name,
+            kubeconfig=kubeconfig,
+            plugin_dir=plugin_dir,
+            log=directory / f"{name}-kubelet.log",
+            detached=True,
+        ).start()
+        pids[f"{name}-kubelet"] = kubelet.pid
+        plugin = PluginProcess(
+            node=name,
+            kubeconfig=kubeconfig,
+            socket_dir=plugin_dir,
+            fake_gpus=cards,
+            log=directory / f"{name}-device-plugin.log",
+            detached=True,
+        )
+        pids[f"{name}-device-plugin"] = plugin.start(timeout_s=60).pid
+    operator = OperatorProcess(
+        kubeconfig, directory / "operator.log", identity="demo", detached=True
+    ).start(timeout_s=60)
+    pids["operator"] = operator.pid
+    return pids
+
+
+def show(directory: Path, kubeconfig: Path) -> None:
+    """Apply the guide's pods and show what the guide shows."""
+    section("nodes: the device plugins advertise GPU memory and cards (the guide's node first)")
+    columns = (
+        "custom-columns=NAME:.metadata.name,"
+        "GPU-MEMORY:.status.allocatable.volcano\\.sh/gpu-memory,"
+        "GPU-NUMBER:.status.allocatable.volcano\\.sh/gpu-number"
+    )
+    deadline = time.monotonic() + 30
+    while "89424" not in kubectl_quiet(kubeconfig, "get", "nodes", "-o", columns):
+        if time.monotonic() > deadline:
+            raise RuntimeError("gpu-node-1 never showed 89424 MiB of GPU memory")
+        time.sleep(0.5)
+    kubectl(kubeconfig, "get", "nodes", "-o", columns)
+    section("the guide's two pods, applied unchanged")
+    for name in GUIDE_PODS:
+        kubectl(kubeconfig, "apply", "-f", str(EXAMPLES / f"{name}.yaml"))
+    asyncio.run(_wait_running(kubeconfig, GUIDE_PODS, timeout_s=60))
+    kubectl(kubeconfig, "get", "pods", "-o", "wide")
+    section("the scheduler's annotations (gpu-assigned is the device plugin's)")
+    keys = (contract.GPU_INDEX, contract.PREDICATE_TIME, contract.GPU_ASSIGNED)
+    columns = ["NAME:.metadata.name"] + [
+        key.split("/")[1].upper() + ":.metadata.annotations." + key.replace(".", "\\.")
+        for key in keys
+    ]
+    annotations = "custom-columns=" + ",".join(columns)
+    kubectl(kubeconfig, "get", "pods", "-o", annotations)
+    section("the container env the kubelet hands to the runtime (what `kubectl exec env` shows)")
+    for name in GUIDE_PODS:
+        envs = _started_env(directory, f"default/{name}")
+        print(f"$ kubectl exec -ti {name} env")
+        print("...")
+        for key in (
+            contract.ENV_GPU_MEMORY_TOTAL,
+            contract.ENV_GPU_ALLOCATED,
+            contract.ENV_VISIBLE_DEVICES,
+        ):
+            print(f"{key}={envs.get(key)}")
+        print("...")
+    section("the cards")
+    kubectl(kubeconfig, "get", "gpunodes")
+    gpushare(kubeconfig, "inspect")
+    gpushare(kubeconfig, "inspect", "gpu-node-1", "-d")
+
+
+def kubectl_quiet(kubeconfig: Path, *args: str) -> str:
+    result = subprocess.run(
+        [str(ensure_binaries().kubectl), "--kubeconfig", str(kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    return result.stdout
+
+
+def _started_env(directory: Path, pod: str) -> dict[str, Any]:
+    for node in NODES:
+        harness = KubeletHarness(
+            node=node,
+            kubeconfig=Path(),
+            plugin_dir=Path(),
+            log=directory / f"{node}-kubelet.log",
+        )
+        for line in harness.started(pod):
+            envs: dict[str, Any] = line.get("envs") or {}
+            return envs
+    return {}

@@ -1,0 +1,64 @@
+"""The README's first command, end to end: `gpushare-dev demo` shows what the user guide
+shows, leaves the cluster running for kubectl, and `gpushare-dev down` stops all of it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpushare_harness import ControlPlane
+
+pytestmark = pytest.mark.integration
+
+
+def dev(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpushare_harness.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def test_the_demo_shows_the_guide_and_down_stops_everything(
+    tmp_path: Path, control_plane: ControlPlane
+) -> None:
+    directory = tmp_path / "demo"
+    shown = dev("demo", "--dir", str(directory))
+    try:
+        assert shown.returncode == 0, shown.stderr + shown.stdout
+        out = shown.stdout
+        # The guide's node, its pods on card 0, the annotations and the env it documents.
+        assert "gpu-node-1   89424        8" in out
+        assert "gpu-pod1   1/1     Running" in out
+        assert out.count("VOLCANO_GPU_MEMORY_TOTAL=11178") == 2
+        assert out.count("VOLCANO_GPU_ALLOCATED=1024") == 2
+        assert out.count("NVIDIA_VISIBLE_DEVICES=0") == 2
+        for pod in ("gpu-pod1", "gpu-pod2"):
+            assert any(
+                line.split()[:2] == [pod, "0"] and line.split()[-1] == "true"
+                for line in out.splitlines()
+            ), f"{pod}: gpu-index 0 and gpu-assigned true not shown"
+        assert "default/gpu-pod1, default/gpu-pod2" in out  # gpushare inspect -d
+        assert f"export KUBECONFIG={directory / 'kubeconfig'}" in out
+        state = json.loads((directory / "state.json").read_text())
+        pids = [*state["pids"].values(), *state["components"].values()]
+        assert len(pids) == 7
+        assert all(alive(pid) for pid in pids)  # left running for the person
+    finally:
+        down = dev("down", "--dir", str(directory))
+    assert down.returncode == 0, down.stderr
+    assert not any(alive(pid) for pid in pids)
