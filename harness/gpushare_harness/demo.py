@@ -142,11 +142,11 @@ def show(directory: Path, kubeconfig: Path) -> None:
     kubectl(kubeconfig, "get", "pods", "-o", "wide")
     section("the scheduler's annotations (gpu-assigned is the device plugin's)")
     keys = (contract.GPU_INDEX, contract.PREDICATE_TIME, contract.GPU_ASSIGNED)
-    columns = ["NAME:.metadata.name"] + [
+    shown = ["NAME:.metadata.name"] + [
         key.split("/")[1].upper() + ":.metadata.annotations." + key.replace(".", "\\.")
         for key in keys
     ]
-    annotations = "custom-columns=" + ",".join(columns)
+    annotations = "custom-columns=" + ",".join(shown)
     kubectl(kubeconfig, "get", "pods", "-o", annotations)
     section("the container env the kubelet hands to the runtime (what `kubectl exec env` shows)")
     for name in GUIDE_PODS:
