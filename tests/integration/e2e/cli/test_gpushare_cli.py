@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -25,6 +26,22 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 def gpushare(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gpushare_operator.cli", "--kubeconfig", str(kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
+def kubectl_gpushare(plane: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
+    """`kubectl gpushare ...`: kubectl finds the kubectl-gpushare script on PATH."""
+    return subprocess.run(
+        [str(plane.binaries.kubectl), "gpushare", *args],
+        env={
+            **os.environ,
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            "KUBECONFIG": str(plane.kubeconfig),
+        },
         capture_output=True,
         text=True,
         check=False,
@@ -59,6 +76,8 @@ async def test_inspect_explain_and_simulate_show_what_the_scheduler_sees(
     )
     assert (card1["usedMiB"], card1["health"], card0["model"]) == (0, "Healthy", "Fake GPU")
 
+    as_plugin = kubectl_gpushare(plane, "inspect", "-o", "json")
+    assert json.loads(as_plugin.stdout) == [report], as_plugin.stderr
     table = gpushare(plane.kubeconfig, "inspect")
     assert "GPU0(Used/Total)" in table.stdout
     assert "1024/11178" in table.stdout
