@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from gpushare.kube import raw_json
 from gpushare.model import contract
 from gpushare.model.annotations import CardIndex
 from gpushare.model.devices import CardDevices, memory_message_size, smallest_fitting_unit
+from gpushare_harness.controlplane import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -275,3 +277,44 @@ async def test_a_node_of_eight_141_gib_cards_is_listed_under_the_kubelets_limit(
     units = 8 * (144384 // unit)
     await asyncio.to_thread(node.kubelet.wait_capacity, contract.GPU_MEMORY, str(units))
     assert (await gpunode(api, "auto"))["spec"]["memoryUnitMiB"] == unit
+
+
+async def test_the_inventory_is_owned_by_the_node_and_metrics_count_allocations(
+    core: client.CoreV1Api,
+    api: client.ApiClient,
+    gpu_node: Callable[..., Any],
+    start_operator: Callable[..., Any],
+) -> None:
+    port = free_port()
+    node = await gpu_node("n", "2x11178", plugin_env={"GPUSHARE_METRICS_PORT": str(port)})
+    node_uid = (await node_status(core, "n"))["metadata"]["uid"]
+    inventory = await gpunode(api, "n")
+    assert inventory["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": "n", "uid": node_uid}
+    ]
+    spec = inventory["spec"]
+    assert (spec["memoryUnitMiB"], spec["pluginVersion"]) == (1, "0.1.0")
+    assert [(c["index"], c["memoryMiB"], c["health"]) for c in spec["cards"]] == [
+        (0, 11178, "Healthy"),
+        (1, 11178, "Healthy"),
+    ]
+    start_operator()
+    await create_pod(core, gpu_pod("p", 1024))
+    await started(node, "p")
+    stray = await create_pod(core, gpu_pod("stray", 512, scheduler="default-scheduler"))
+    await bind_pod(core, stray, "n", {})
+    await asyncio.to_thread(node.kubelet.wait_rejected, "default/stray")
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            return str(answer.read().decode())
+
+    metrics = await asyncio.to_thread(scrape)
+    memory = 'resource="volcano.sh/gpu-memory"'
+    assert f'gpushare_plugin_allocate_total{{{memory},result="ok"}} 1.0' in metrics
+    assert f'gpushare_plugin_allocate_total{{{memory},result="no_candidate"}} 1.0' in metrics
+    assert f'gpushare_plugin_devices{{health="Healthy",{memory}}} 22356.0' in metrics
+    assert (
+        'gpushare_plugin_devices{health="Healthy",resource="volcano.sh/gpu-number"} 2.0' in metrics
+    )
+    assert "gpushare_plugin_allocate_seconds_bucket" in metrics
