@@ -14,6 +14,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import aiohttp
+
 from gpushare import logs
 from gpushare.kube import ApiError
 from gpushare.model import contract
@@ -33,6 +35,7 @@ from gpushare_plugin.metrics import PluginMetrics
 from gpushare_plugin.podcache import PodCache
 
 _ASSIGN_ATTEMPTS = 3
+_UNREACHABLE_ATTEMPTS = 20  # 10 s: an apiserver restart
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -126,10 +129,21 @@ class Allocator:
 
     async def _mark_assigned(self, grant: ContainerGrant) -> None:
         version = grant.resource_version
-        for _ in range(_ASSIGN_ATTEMPTS):
+        unreachable = conflicts = 0
+        while True:
             try:
                 await self._api.mark_assigned(grant.pod, version)
                 return
+            except (aiohttp.ClientError, OSError, TimeoutError) as error:
+                # The apiserver restarting: the decision stands, the write is retried.
+                unreachable += 1
+                if unreachable >= _UNREACHABLE_ATTEMPTS:
+                    raise NoCandidate(
+                        f"pod {grant.pod}: the apiserver did not answer ({error}); could not "
+                        f"set {contract.GPU_ASSIGNED}"
+                    ) from error
+                await asyncio.sleep(0.5)
+                continue
             except ApiError as error:
                 if error.status != 409:
                     raise NoCandidate(
@@ -146,7 +160,11 @@ class Allocator:
                     f"started; refusing to guess a card"
                 )
             version = current.resource_version
-        raise NoCandidate(f"pod {grant.pod} kept changing; could not set {contract.GPU_ASSIGNED}")
+            conflicts += 1
+            if conflicts >= _ASSIGN_ATTEMPTS:
+                raise NoCandidate(
+                    f"pod {grant.pod} kept changing; could not set {contract.GPU_ASSIGNED}"
+                )
 
     def _pods_index(self, uid: PodUid) -> str | None:
         cached = self._pods.get(uid)

@@ -11,6 +11,8 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any
 
+import aiohttp
+
 from gpushare import logs
 from gpushare.kube import ApiError
 from gpushare.model.allocation import BoundPod, bound_pod
@@ -60,7 +62,8 @@ class PodCache:
                             await self._apply(kind, body)
             except WatchExpired:
                 continue
-            except (ApiError, OSError, TimeoutError, ValueError) as error:
+            except (ApiError, aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
+                # The apiserver restarting, a dropped connection, a cut-off stream.
                 self._log.warning("pod watch failed; listing again", error=str(error))
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX_S)

@@ -64,6 +64,7 @@ class ControlPlane:
         self.kubeconfig = directory / "kubeconfig"
         self._die_with_parent = die_with_parent
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._argv: dict[str, list[str]] = {}
         self.endpoints: Endpoints | None = None
         self.pki: Pki | None = None
 
@@ -105,6 +106,19 @@ class ControlPlane:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+    def restart_apiserver(self) -> None:
+        """Stop kube-apiserver (SIGTERM) and start it again on the same port and etcd: every
+        client's watches break and its calls fail until it is ready again."""
+        process = self._processes.pop("kube-apiserver")
+        terminate(process.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=10)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        self._spawn("kube-apiserver", self._argv["kube-apiserver"])
+        self._wait_ready()
 
     def pids(self) -> dict[str, int]:
         return {name: process.pid for name, process in self._processes.items()}
@@ -158,6 +172,7 @@ class ControlPlane:
         self._wait_ready()
 
     def _spawn(self, name: str, argv: list[str]) -> None:
+        self._argv[name] = argv
         log = (self.directory / f"{name}.log").open("ab")
         self._processes[name] = subprocess.Popen(
             argv,

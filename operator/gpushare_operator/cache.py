@@ -261,6 +261,10 @@ class SchedulerCache:
     def pending_uids(self) -> list[PodUid]:
         return list(self._pending)
 
+    def known_pod_uids(self) -> set[str]:
+        """Every pod the cache holds or waits on (assumed binds included)."""
+        return {*self._pending, *self._holders}
+
     # -- decisions -----------------------------------------------------------------------
 
     def assume(

@@ -35,6 +35,10 @@ class SchedulerApi(Protocol):
 
     async def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> None: ...
 
+    async def read_pod(self, pod: PodRef) -> dict[str, Any] | None:
+        """The pod as the apiserver has it now; None when it is gone."""
+        ...
+
     async def set_unschedulable(self, pod: PodRef, reason: str, message: str) -> None: ...
 
     async def post_event(self, pod: PodRef, *, kind: str, reason: str, message: str) -> None: ...
@@ -107,6 +111,20 @@ class KubeSchedulerApi:
                 _request_timeout=self._timeout,
             )
         )
+
+    async def read_pod(self, pod: PodRef) -> dict[str, Any] | None:
+        try:
+            body = await raw_json(
+                self._core.read_namespaced_pod(
+                    pod.name, pod.namespace, _preload_content=False, _request_timeout=self._timeout
+                )
+            )
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+        uid = body.get("metadata", {}).get("uid")
+        return body if uid == pod.uid else None  # a namesake is another pod
 
     async def set_unschedulable(self, pod: PodRef, reason: str, message: str) -> None:
         condition = {

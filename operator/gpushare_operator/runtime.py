@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+
+import aiohttp
 
 from gpushare import logs
 from gpushare.kube import ApiError
@@ -53,6 +54,7 @@ class Runtime:
             reporter=self.reporter,
             metrics=self.metrics,
             config=lambda: self.config,
+            observe=lambda body: self.pod_event("MODIFIED", slim_pod(body)),
         )
         self.status = StatusWriter(
             cache=self.cache, api=api, metrics=self.metrics, interval_s=config.status_interval_s
@@ -69,6 +71,8 @@ class Runtime:
             on_stopped_leading=self._stop_leading,
         )
         self.synced = asyncio.Event()
+        self.listed_at = 0.0
+        """When the cache last took a full LIST (monotonic)."""
         self.started_at = time.monotonic()
         self.last_event: dict[str, float] = {}
         self._leader_tasks: list[asyncio.Task[None]] = []
@@ -103,8 +107,7 @@ class Runtime:
     def _start_leading(self) -> None:
         self.metrics.leader.set(1)
         self._leader_tasks = [
-            asyncio.create_task(self._when_synced(self.scheduler.run), name="scheduler"),
-            asyncio.create_task(self._when_synced(self.status.run), name="status"),
+            asyncio.create_task(self._lead(time.monotonic()), name="leader"),
             asyncio.create_task(self.reporter.run(), name="reporter"),
         ]
 
@@ -118,10 +121,17 @@ class Runtime:
         await asyncio.gather(*self._leader_tasks, return_exceptions=True)
         self._leader_tasks = []
 
-    async def _when_synced(self, work: Callable[[], Awaitable[None]]) -> None:
-        """Leader work starts only once the cache holds everything the watches listed."""
+    async def _lead(self, since: float) -> None:
+        """The leader's work, once the cache is current. A standby's watches may lag behind
+        what the previous leader bound (an apiserver restart breaks them for a while), and a
+        decision on a stale cache can overcommit a card: so a new leader lists everything
+        again first, unless the cache was listed after the leadership began."""
         await self.synced.wait()
-        await work()
+        if self.config.leader_elect and self.listed_at < since:
+            await self.resync()
+        async with asyncio.TaskGroup() as work:
+            work.create_task(self.scheduler.run(), name="scheduler")
+            work.create_task(self.status.run(), name="status")
 
     # -- feeding the cache ---------------------------------------------------------------
 
@@ -132,25 +142,44 @@ class Runtime:
         an event older than what the LIST showed is recognised by its resourceVersion and
         skipped. (kopf's own indexes would give the same guarantee, but wake every waiting
         object on every listed object: quadratic at start-up on large clusters.)"""
+        nodes, pods = await self.resync()
+        self.synced.set()
+        self._log.info("synced", nodes=nodes, pods=pods, pending=len(self.cache.pending_uids()))
+
+    async def resync(self) -> tuple[int, int]:
+        """One LIST per kind into the cache (older states skipped by resourceVersion), and
+        the pods the cache knows that the LIST no longer shows forgotten. Retries until the
+        apiserver answers; returns the counts of nodes and pods."""
         while True:
             try:
                 nodes = await self.api.list_objects("nodes")
                 gpunodes = await self.api.list_objects("gpunodes")
                 pods = await self.api.list_objects("pods")
                 break
-            except (ApiError, OSError, TimeoutError) as error:
-                self._log.warning("initial_list_failed", error=str(error), retry_in_s=2)
+            except (ApiError, OSError, TimeoutError, aiohttp.ClientError) as error:
+                self._log.warning("list_failed", error=str(error), retry_in_s=2)
                 await asyncio.sleep(2)
+        self.listed_at = time.monotonic()
         for node in nodes:
             self.node_event("MODIFIED", node)
         for gpunode in gpunodes:
             self.gpunode_event("MODIFIED", gpunode)
+        listed = set()
+        newest = -1
         for pod in pods:
+            meta = path(pod, "metadata")
+            listed.add(text(meta.get("uid")) or "")
+            version = text(meta.get("resourceVersion")) or ""
+            newest = max(newest, int(version) if version.isdigit() else -1)
             self.pod_event("MODIFIED", slim_pod(pod))
-        self.synced.set()
-        self._log.info(
-            "synced", nodes=len(nodes), pods=len(pods), pending=len(self.cache.pending_uids())
-        )
+        for uid in self.cache.known_pod_uids() - listed:
+            # Gone since, unless the watch delivered it after the LIST was taken (then it
+            # is newer than anything listed); keeping a deleted pod errs on the safe side.
+            if self._versions.get(f"pod/{uid}", -1) <= newest:
+                self.pod_event("DELETED", {"metadata": {"uid": uid}})
+        if self.synced.is_set():
+            self._log.info("resynced", nodes=len(nodes), pods=len(pods))
+        return len(nodes), len(pods)
 
     def _stale(self, key: str, kind: str | None, body: Body) -> bool:
         """Whether an event shows an older state than the cache already holds."""

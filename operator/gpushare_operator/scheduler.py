@@ -50,6 +50,7 @@ class Scheduler:
         reporter: Reporter,
         metrics: SchedulerMetrics,
         config: Callable[[], OperatorConfig],
+        observe: Callable[[Body], None] = lambda body: None,
     ) -> None:
         self.cache = cache
         self.queue = queue
@@ -57,6 +58,7 @@ class Scheduler:
         self._reporter = reporter
         self._metrics = metrics
         self._config = config
+        self._observe = observe
         self._binds: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(config().max_concurrent_binds)
         self._log = logs.get("scheduler")
@@ -154,9 +156,11 @@ class Scheduler:
                     self._dropped(pod, log, error)
                     return
                 if error.status == 409:
-                    # Already bound (perhaps by our own earlier attempt) or replaced by a
-                    # namesake: keep the assumption until the watch shows the truth.
+                    # Already bound: by our own earlier attempt, or by a previous leader the
+                    # watch has not shown yet (perhaps on another card). Read the truth now,
+                    # so that the assumption never counts a card the pod does not hold.
                     self._dropped(pod, log, error)
+                    await self._read_back(pod, log)
                     return
                 if error.status < 500 and error.status != 429:
                     self._requeue(pod, log, f"{error.status}: {error.message}")
@@ -176,6 +180,17 @@ class Scheduler:
             self._metrics.latency.observe(max(0.0, time.time() - created))
         log.info("pod_bound", free_after=placement.free_after if placement else None)
         self._reporter.bound(pod, node, placement)
+
+    async def _read_back(self, pod: PodRef, log: FilteringBoundLogger) -> None:
+        try:
+            body = await self._api.read_pod(pod)
+        except (ApiError, OSError, TimeoutError) as error:
+            log.warning("read_back_failed", error=str(error))  # the watch will correct it
+            return
+        if body is None:
+            self.cache.forget_pod(pod.uid)
+        else:
+            self._observe(body)
 
     def _dropped(self, pod: PodRef, log: FilteringBoundLogger, error: ApiError) -> None:
         self.queue.remove(pod.uid)

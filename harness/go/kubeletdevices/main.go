@@ -75,8 +75,15 @@ type kubelet struct {
 	manager  *devicemanager.ManagerImpl
 	pods     cache.Indexer
 	queue    workqueue.TypedRateLimitingInterface[types.UID]
-	byUID    sync.Map // UID -> namespace/name
-	admitted sets.Set[types.UID]
+	byUID    sync.Map                // UID -> namespace/name
+	admitted map[types.UID]admission // decided once; the status is written until it sticks
+}
+
+// admission is the kubelet's verdict on a pod, written to its status (retried on failure).
+type admission struct {
+	phase   v1.PodPhase
+	reason  string
+	message string
 }
 
 func main() {
@@ -111,7 +118,7 @@ func main() {
 		manager:  manager,
 		pods:     informer.GetIndexer(),
 		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[types.UID]()),
-		admitted: sets.New[types.UID](),
+		admitted: map[types.UID]admission{},
 	}
 	enqueue := func(obj any) {
 		if pod, ok := obj.(*v1.Pod); ok {
@@ -133,12 +140,16 @@ func main() {
 	factory.Start(ctx.Done())
 	factory.WaitForCacheSync(ctx.Done())
 	go k.copyCapacity(ctx, *interval)
+	worker := make(chan struct{})
 	go func() {
+		defer close(worker)
 		for k.processNext(ctx) {
 		}
 	}()
 	<-ctx.Done()
+	// As a kubelet stops: no more admissions (the one in flight ends), then the plugins go.
 	k.queue.ShutDown()
+	<-worker
 	_ = manager.Stop(logger)
 }
 
@@ -198,6 +209,9 @@ func (k *kubelet) processNext(ctx context.Context) bool {
 		return false
 	}
 	defer k.queue.Done(uid)
+	if ctx.Err() != nil {
+		return false // stopping: what is queued is for the next kubelet
+	}
 	if err := k.sync(ctx, uid); err != nil && ctx.Err() == nil {
 		klog.ErrorS(err, "syncing pod", "uid", uid)
 		k.queue.AddRateLimited(uid)
@@ -241,17 +255,25 @@ func (k *kubelet) sync(ctx context.Context, uid types.UID) error {
 		emit(outcome{Event: "deleted", Pod: who, UID: string(uid)})
 		return nil
 	}
-	if pod.Status.Phase != v1.PodPending || k.admitted.Has(uid) {
+	if verdict, done := k.admitted[uid]; done {
+		if pod.Status.Phase == verdict.phase {
+			return nil
+		}
+		return k.setStatus(ctx, pod, verdict)
+	}
+	if pod.Status.Phase != v1.PodPending {
 		return nil
 	}
-	k.admitted.Insert(uid)
 	// The kubelet's admission: the device manager allocates every container, init first.
 	for _, containers := range [][]v1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
 		for i := range containers {
 			if err := k.manager.Allocate(pod, &containers[i]); err != nil {
+				if ctx.Err() != nil {
+					return nil // stopping: the next kubelet admits this pod
+				}
 				message := fmt.Sprintf("Allocate failed due to %v, which is unexpected", err)
 				emit(outcome{Event: "rejected", Pod: who, UID: string(uid), Container: containers[i].Name, Message: message})
-				return k.setStatus(ctx, pod, v1.PodFailed, "UnexpectedAdmissionError", message)
+				return k.decide(ctx, pod, admission{v1.PodFailed, "UnexpectedAdmissionError", message})
 			}
 		}
 	}
@@ -261,7 +283,7 @@ func (k *kubelet) sync(ctx context.Context, uid types.UID) error {
 			if err != nil {
 				message := fmt.Sprintf("failed to get device run options: %v", err)
 				emit(outcome{Event: "rejected", Pod: who, UID: string(uid), Container: containers[i].Name, Message: message})
-				return k.setStatus(ctx, pod, v1.PodFailed, "UnexpectedAdmissionError", message)
+				return k.decide(ctx, pod, admission{v1.PodFailed, "UnexpectedAdmissionError", message})
 			}
 			started := outcome{Event: "started", Pod: who, UID: string(uid), Container: containers[i].Name,
 				Envs: map[string]string{}, Devices: map[string][]string{}}
@@ -281,13 +303,21 @@ func (k *kubelet) sync(ctx context.Context, uid types.UID) error {
 			emit(started)
 		}
 	}
-	return k.setStatus(ctx, pod, v1.PodRunning, "", "")
+	return k.decide(ctx, pod, admission{phase: v1.PodRunning})
 }
 
-func (k *kubelet) setStatus(ctx context.Context, pod *v1.Pod, phase v1.PodPhase, reason, message string) error {
+// decide records the verdict (never taken again) and writes it to the pod's status.
+func (k *kubelet) decide(ctx context.Context, pod *v1.Pod, verdict admission) error {
+	k.admitted[pod.UID] = verdict
+	return k.setStatus(ctx, pod, verdict)
+}
+
+func (k *kubelet) setStatus(ctx context.Context, pod *v1.Pod, verdict admission) error {
 	now := metav1.Now()
-	status := map[string]any{"phase": phase, "reason": reason, "message": message, "startTime": now}
-	if phase == v1.PodRunning {
+	status := map[string]any{
+		"phase": verdict.phase, "reason": verdict.reason, "message": verdict.message, "startTime": now,
+	}
+	if verdict.phase == v1.PodRunning {
 		var statuses []map[string]any
 		for _, c := range pod.Spec.Containers {
 			statuses = append(statuses, map[string]any{
@@ -304,4 +334,3 @@ func (k *kubelet) setStatus(ctx context.Context, pod *v1.Pod, phase v1.PodPhase,
 	}
 	return err
 }
-
