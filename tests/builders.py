@@ -48,7 +48,9 @@ def gpu_pod(
             "annotations": annotations,
         },
         "spec": spec,
-        "status": {"phase": phase},
+        # A pod bound with a Binding: the apiserver sets PodScheduled=True.
+        "status": {"phase": phase}
+        | ({"conditions": [{"type": "PodScheduled", "status": "True"}]} if node else {}),
     }
 
 

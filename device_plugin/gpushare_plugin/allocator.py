@@ -55,6 +55,7 @@ class Allocator:
         metrics: PluginMetrics,
         visible: VisibleDevices,
         wait_s: float,
+        schedulers: frozenset[str],
     ) -> None:
         self._table = table
         self._pods = pods
@@ -62,6 +63,7 @@ class Allocator:
         self._metrics = metrics
         self._visible = visible
         self._wait_s = wait_s
+        self._schedulers = schedulers
         self._lock = asyncio.Lock()  # one decision at a time: `served` is read, then written
         self._log = logs.get("allocate", node=table.node)
 
@@ -78,6 +80,7 @@ class Allocator:
                 count=count,
                 inventory=inventory,
                 visible=self._visible,
+                schedulers=self._schedulers,
             )
             served[grant.pod.uid] = grant.position + 1
             grants.append(grant)

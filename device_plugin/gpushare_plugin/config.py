@@ -13,6 +13,7 @@ together, with the fix.
     --metrics-port              GPUSHARE_METRICS_PORT            9402 (0 disables)
     --health-recovery-seconds   GPUSHARE_HEALTH_RECOVERY_SECONDS 300
     --allocate-wait-seconds     GPUSHARE_ALLOCATE_WAIT_SECONDS   5
+    --scheduler-names           GPUSHARE_SCHEDULER_NAMES         volcano (the operator's)
     --disable-healthchecks      DP_DISABLE_HEALTHCHECKS          - (all, xids, or XID list)
     --log-level                 GPUSHARE_LOG_LEVEL               info
 """
@@ -24,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpushare.model import contract
 from gpushare.model.allocation import VisibleDevices
 from gpushare_plugin.health import HealthPolicy
 
@@ -39,6 +41,7 @@ _VARIABLES = {
     "metrics_port": "GPUSHARE_METRICS_PORT",
     "health_recovery_seconds": "GPUSHARE_HEALTH_RECOVERY_SECONDS",
     "allocate_wait_seconds": "GPUSHARE_ALLOCATE_WAIT_SECONDS",
+    "scheduler_names": "GPUSHARE_SCHEDULER_NAMES",
     "disable_healthchecks": "DP_DISABLE_HEALTHCHECKS",
     "log_level": "GPUSHARE_LOG_LEVEL",
 }
@@ -49,6 +52,7 @@ _DEFAULTS = {
     "metrics_port": "9402",
     "health_recovery_seconds": "300",
     "allocate_wait_seconds": "5",
+    "scheduler_names": contract.DEFAULT_SCHEDULER_NAME,
     "disable_healthchecks": "",
     "log_level": "info",
 }
@@ -72,6 +76,8 @@ class PluginConfig:
     metrics_port: int
     health: HealthPolicy
     allocate_wait_s: float
+    scheduler_names: frozenset[str]
+    """Only pods of these schedulers (the operator's) are served."""
     log_level: str
 
 
@@ -129,6 +135,9 @@ def load(argv: Sequence[str] | None, environ: Mapping[str, str]) -> PluginConfig
             f"--socket-dir={raw['socket_dir']!r} is too long: a unix socket path has at most "
             f"{_SOCKET_PATH_MAX} bytes and {longest} has {len(str(longest).encode())}"
         )
+    schedulers = frozenset(n.strip() for n in raw["scheduler_names"].split(",") if n.strip())
+    if not schedulers:
+        problems.append("--scheduler-names must name at least one scheduler (default volcano)")
     if problems:
         raise ConfigError("; ".join(problems))
     return PluginConfig(
@@ -141,5 +150,6 @@ def load(argv: Sequence[str] | None, environ: Mapping[str, str]) -> PluginConfig
         metrics_port=port,
         health=health,
         allocate_wait_s=wait,
+        scheduler_names=schedulers,
         log_level=raw["log_level"].lower(),
     )

@@ -100,6 +100,7 @@ async def run(config: PluginConfig, stop: asyncio.Event) -> int:
                 metrics=metrics,
                 visible=config.visible_devices,
                 wait_s=config.allocate_wait_s,
+                schedulers=config.scheduler_names,
             )
             servicers = [
                 DevicePluginServicer(kind=kind, table=table, allocator=allocator, metrics=metrics)

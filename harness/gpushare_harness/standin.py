@@ -37,7 +37,7 @@ async def act_as_device_plugins(api: client.ApiClient) -> None:
                 if (
                     obj["spec"].get("nodeName")
                     and contract.GPU_INDEX in annotations
-                    and contract.GPU_ASSIGNED not in annotations
+                    and annotations.get(contract.GPU_ASSIGNED) != contract.GPU_ASSIGNED_TRUE
                     and uid not in marked
                 ):
                     marked.add(uid)

@@ -143,6 +143,9 @@ class Scheduler:
         if placement is not None:
             annotations = placement.allocation(pod).annotations()
             annotations[contract.PREDICATE_TIME] = str(time.time_ns())
+            # The Binding writes every placement annotation, so values a user forged on the
+            # pending pod never stand: gpu-index is ours, and gpu-assigned starts "false".
+            annotations[contract.GPU_ASSIGNED] = contract.GPU_ASSIGNED_FALSE
         config = self._config()
         delay = config.backoff_initial_s
         for attempt in range(1, _BIND_ATTEMPTS + 1):

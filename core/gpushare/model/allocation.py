@@ -61,11 +61,14 @@ class BoundPod:
     gpu_index: str | None
     """The raw `gpu-index` annotation; None when absent."""
     scheduler: str
+    bound: bool = True
+    """Bound by a scheduler's Binding (the apiserver then sets PodScheduled=True), not created
+    on the node directly with spec.nodeName, which no scheduler ever saw."""
     problem: str | None = None
 
     @property
     def waiting(self) -> bool:
-        """Placed by a gpushare or Volcano scheduler and not yet served."""
+        """Has a placement and is not yet served (whose placement: see `match_container`)."""
         return (
             self.active
             and not self.assigned
@@ -96,6 +99,10 @@ def bound_pod(pod: Body) -> BoundPod:
         request=request,
         gpu_index=annotations.get(contract.GPU_INDEX),
         scheduler=text(path(pod, "spec").get("schedulerName")) or "default-scheduler",
+        bound=any(
+            isinstance(c, dict) and c.get("type") == "PodScheduled" and c.get("status") == "True"
+            for c in path(pod, "status").get("conditions") or []
+        ),
         problem=problem,
     )
 
@@ -130,16 +137,22 @@ def match_container(
     count: int,
     inventory: NodeInventory,
     visible: VisibleDevices = VisibleDevices.INDEX,
+    schedulers: frozenset[str] = frozenset({contract.DEFAULT_SCHEDULER_NAME}),
 ) -> ContainerGrant:
     """The container this Allocate of `count` `kind` devices is for; NoCandidate if none.
 
-    `served` counts the GPU containers of each pod already answered by this plugin.
+    `served` counts the GPU containers of each pod already answered by this plugin. Only
+    pods that `schedulers` (the names the gpushare operator serves) bound with a Binding are
+    candidates: a `gpu-index` on a pod another scheduler bound, or on one created on the node
+    directly, was not written by ours, and never wins a card.
     """
     pods = list(pods)
     waiting = [
         p
         for p in pods
         if p.waiting
+        and p.scheduler in schedulers
+        and p.bound
         and p.request is not None
         and p.request.kind is kind
         and served.get(p.ref.uid, 0) < len(p.request.containers)
@@ -171,7 +184,11 @@ def match_container(
             cards=chosen,
             env=container_env(kind, container.amount, chosen, inventory.unit_mib, visible),
         )
-    raise NoCandidate(_no_candidate_message(pods, waiting, kind, count, inventory))
+    raise NoCandidate(
+        _no_candidate_message(
+            pods, waiting, kind=kind, count=count, inventory=inventory, schedulers=schedulers
+        )
+    )
 
 
 def _cards_of(
@@ -243,9 +260,11 @@ def container_env(
 def _no_candidate_message(
     pods: Sequence[BoundPod],
     waiting: Sequence[BoundPod],
+    *,
     kind: GpuKind,
     count: int,
     inventory: NodeInventory,
+    schedulers: frozenset[str],
 ) -> str:
     head = f"no pod bound to node {inventory.node} waits for a container of {count} {kind.value}"
     unplaced = [
@@ -253,7 +272,7 @@ def _no_candidate_message(
         for p in pods
         if p.active
         and not p.assigned
-        and p.gpu_index is None
+        and (p.gpu_index is None or p.scheduler not in schedulers or not p.bound)
         and p.request is not None
         and p.request.kind is kind
     ]
@@ -261,9 +280,9 @@ def _no_candidate_message(
         names = ", ".join(f"{p.ref} (schedulerName {p.scheduler!r})" for p in unplaced[:3])
         return (
             f"{head} placed by the gpushare scheduler: {names} asks for {kind.value} without "
-            f"{contract.GPU_INDEX}, so no card was chosen for it. Delete it and create it with "
-            f"spec.schedulerName set to one the operator serves (default "
-            f"{contract.DEFAULT_SCHEDULER_NAME!r})"
+            f"{contract.GPU_INDEX} from the gpushare scheduler, so no card was chosen for it. "
+            f"Delete it and create it with spec.schedulerName set to one the operator serves "
+            f"(default {contract.DEFAULT_SCHEDULER_NAME!r}) and no spec.nodeName"
         )
     if waiting:
         names = ", ".join(str(p.ref) for p in waiting[:3])

@@ -20,6 +20,8 @@ PREDICATE_TIME: Final = "volcano.sh/predicate-time"
 GPU_ASSIGNED: Final = "volcano.sh/gpu-assigned"
 """``"true"`` once the device plugin has served every GPU container of the pod."""
 GPU_ASSIGNED_TRUE: Final = "true"
+GPU_ASSIGNED_FALSE: Final = "false"
+"""Written with every Binding: a value forged on the pending pod never counts as served."""
 
 # Node annotation: comma list of card indices that must not be used.
 GPU_UNHEALTHY_IDS: Final = "volcano.sh/gpu-unhealthy-ids"

@@ -251,3 +251,27 @@ def test_preferred_whole_cards_are_the_pods_uuids() -> None:
     )
     available = ["GPU-n-0", "GPU-n-1", "GPU-n-2"]
     assert preferred_device_ids(grant, NUMBER, available, [], 2) == ["GPU-n-1", "GPU-n-2"]
+
+
+def test_a_gpu_index_another_scheduler_wrote_never_wins_a_card() -> None:
+    pod = gpu_pod("forged", 10, node="n", index="0", uid="forged")
+    pod["spec"]["schedulerName"] = "default-scheduler"
+    with pytest.raises(NoCandidate, match="forged \\(schedulerName 'default-scheduler'\\)"):
+        match_container([bound_pod(pod)], {}, kind=MEMORY, count=10, inventory=inventory([100]))
+    grant = match_container(
+        [bound_pod(pod)],
+        {},
+        kind=MEMORY,
+        count=10,
+        inventory=inventory([100]),
+        schedulers=frozenset({"default-scheduler"}),
+    )
+    assert grant.pod.name == "forged"  # a scheduler the plugin is told to trust
+
+
+def test_a_pod_created_on_the_node_directly_never_wins_a_card() -> None:
+    pod = gpu_pod("direct", 10, node="n", index="0", uid="direct")
+    pod["metadata"]["annotations"][contract.PREDICATE_TIME] = "1"
+    del pod["status"]["conditions"]  # spec.nodeName at creation: no Binding, no PodScheduled
+    with pytest.raises(NoCandidate, match="default/direct"):
+        match_container([bound_pod(pod)], {}, kind=MEMORY, count=10, inventory=inventory([100]))

@@ -178,13 +178,19 @@ async def test_a_pod_not_placed_by_the_operator_fails_to_start_with_a_clear_reas
     pod = await eventually(failed, what="stray to fail admission")
     assert pod["status"]["reason"] == "UnexpectedAdmissionError"
 
-    forged = await create_pod(core, gpu_pod("forged", 1024, scheduler="default-scheduler"))
-    await bind_pod(
-        core, forged, "n", {contract.GPU_INDEX: "9", contract.PREDICATE_TIME: str(time.time_ns())}
-    )
-    line = await asyncio.to_thread(node.kubelet.wait_rejected, "default/forged")
+    # A pod of another scheduler with a gpu-index it wrote itself: not ours, never served.
+    foreign = await create_pod(core, gpu_pod("foreign", 1024, scheduler="default-scheduler"))
+    forged = {contract.GPU_INDEX: "0", contract.PREDICATE_TIME: str(time.time_ns())}
+    await bind_pod(core, foreign, "n", forged)
+    line = await asyncio.to_thread(node.kubelet.wait_rejected, "default/foreign")
+    assert "default/foreign (schedulerName 'default-scheduler')" in line["message"]
+    assert not node.kubelet.started("default/foreign")
+    # A gpu-index naming a card the node lacks: refused, never another card.
+    lost = await create_pod(core, gpu_pod("lost", 1024))
+    await bind_pod(core, lost, "n", {**forged, contract.GPU_INDEX: "9"})
+    line = await asyncio.to_thread(node.kubelet.wait_rejected, "default/lost")
     assert "card 9, which the node does not have" in line["message"]
-    assert not node.kubelet.started("default/forged")
+    assert not node.kubelet.started("default/lost")
 
 
 async def test_a_kubelet_restart_makes_the_plugin_register_again(

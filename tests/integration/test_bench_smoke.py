@@ -1,0 +1,53 @@
+"""The benchmark suite's quick variant, end to end (loose bounds: a smoke test, not a timed
+test): every benchmark runs, the report and the plots are written, the figures are sane."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpushare_harness import ControlPlane
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "run.py"
+
+
+def test_the_quick_benchmarks_run_and_report(tmp_path: Path, control_plane: ControlPlane) -> None:
+    out = tmp_path / "report"
+    result = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=840,
+    )
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["quick"] is True
+    assert "cores" in report["machine"]
+    for plot in ("packing.png", "operator.png", "plugin.png"):
+        assert (out / plot).stat().st_size > 10_000
+    packing = report["results"]["packing"][0]["results"]
+    share = {(r["workload"], r["policy"]): r for r in packing}
+    for workload in {r["workload"] for r in packing}:
+        assert share[workload, "bestfit"]["of_bound"] >= 0.9
+        assert (
+            share[workload, "bestfit"]["mean_in_use"] >= share[workload, "firstfit"]["mean_in_use"]
+        )
+    operator = report["results"]["operator"][0]["results"]
+    assert operator["backlog_bound_per_s"] > 0
+    assert operator["create_to_bound_p99_ms"] < 30_000
+    scale = report["results"]["scale"][0]["results"]
+    assert scale["startup_to_synced_s"] < 120
+    assert scale["rss_mib"] < 1024
+    plugin = report["results"]["plugin"][0]["results"]
+    assert plugin["allocate"]["pods_marked_assigned"] == plugin["allocate"]["pods_bound_to_node"]
+    assert plugin["allocate"]["allocate_p99_ms"] < 1000
+    assert all(row["bytes"] <= row["limit_bytes"] for row in plugin["list_and_watch"])
+    placement = report["results"]["placement"][0]["results"]
+    assert all(row["decisions_per_s"] > 0 for row in placement)
