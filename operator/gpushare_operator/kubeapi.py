@@ -15,9 +15,11 @@ from kubernetes_asyncio import client
 
 from gpushare.kube import ApiError, raw_json
 from gpushare.model import PodRef, contract
+from gpushare_operator.cache import slim_pod
 
 COMPONENT = "gpushare-scheduler"
 _LIST_TIMEOUT_S = 300  # a full LIST of a large cluster is slow
+_PAGE = 5000
 CONFIG_PLURAL = "gpushareconfigs"
 
 
@@ -65,29 +67,41 @@ class KubeSchedulerApi:
         self._timeout = timeout_s
 
     async def list_objects(self, kind: str) -> list[dict[str, Any]]:
-        call: Awaitable[object]
-        if kind == "pods":
-            call = self._core.list_pod_for_all_namespaces(
-                _preload_content=False, _request_timeout=_LIST_TIMEOUT_S
-            )
-        elif kind == "nodes":
-            call = self._core.list_node(_preload_content=False, _request_timeout=_LIST_TIMEOUT_S)
-        else:
-            call = self._objects.list_cluster_custom_object(
-                contract.INVENTORY_GROUP,
-                contract.INVENTORY_VERSION,
-                contract.INVENTORY_PLURAL,
-                _preload_content=False,
-                _request_timeout=_LIST_TIMEOUT_S,
-            )
-        try:
-            listed = await raw_json(call)
-        except ApiError as error:
-            if error.status == 404:  # the GPUNode CRD is not installed: no inventories
-                return []
-            raise
-        items: list[dict[str, Any]] = listed.get("items", [])
-        return items
+        """In pages of 5,000, and pods slimmed page by page: the raw JSON of a large cluster
+        is never held whole, so the memory it took is reused rather than left behind."""
+        found: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            page: dict[str, Any] = {"limit": _PAGE, "_preload_content": False}
+            page["_request_timeout"] = _LIST_TIMEOUT_S
+            if token:
+                page["_continue"] = token
+            call: Awaitable[object]
+            if kind == "pods":
+                call = self._core.list_pod_for_all_namespaces(**page)
+            elif kind == "nodes":
+                call = self._core.list_node(**page)
+            else:
+                call = self._objects.list_cluster_custom_object(
+                    contract.INVENTORY_GROUP,
+                    contract.INVENTORY_VERSION,
+                    contract.INVENTORY_PLURAL,
+                    **page,
+                )
+            try:
+                listed = await raw_json(call)
+            except ApiError as error:
+                if error.status == 404:  # the GPUNode CRD is not installed: no inventories
+                    return []
+                raise
+            items: list[dict[str, Any]] = listed.get("items", [])
+            if kind == "pods":
+                found.extend(slim_pod(item) for item in items)
+            else:
+                found.extend(items)
+            token = listed.get("metadata", {}).get("continue")
+            if not token:
+                return found
 
     async def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> None:
         # The UID precondition makes the bind fail if the pod was replaced by a namesake.

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import gc
 import time
 
 import aiohttp
@@ -28,6 +30,15 @@ from gpushare_operator.scheduler import Scheduler
 from gpushare_operator.status import StatusWriter
 
 LIVE_CONFIG_NAME = "default"
+
+
+def release_memory() -> None:
+    """Give the memory of a large LIST back to the system. The raw JSON of every pod is
+    garbage once the cache holds its slim copy, but glibc keeps freed heap pages mapped;
+    malloc_trim returns them (a no-op where glibc is absent)."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 class Runtime:
@@ -143,6 +154,7 @@ class Runtime:
         skipped. (kopf's own indexes would give the same guarantee, but wake every waiting
         object on every listed object: quadratic at start-up on large clusters.)"""
         nodes, pods = await self.resync()
+        release_memory()
         self.synced.set()
         self._log.info("synced", nodes=nodes, pods=pods, pending=len(self.cache.pending_uids()))
 
