@@ -23,10 +23,9 @@ up: $(DEV)/bin/gpushare-dev
 down: $(DEV)/bin/gpushare-dev
 	$(DEV)/bin/gpushare-dev down
 
-## bench: the placement benchmark (5,000 nodes x 8 cards, 40,000 pods) and the plugin's
+## bench: every benchmark (about 30 minutes): report and plots in bench-results/
 bench: $(DEV)/bin/gpushare-dev
-	$(DEV)/bin/python bench/placement.py
-	$(DEV)/bin/python bench/plugin.py
+	$(DEV)/bin/python bench/run.py
 
 lint: $(TOOLS)/bin/tox
 	$(TOOLS)/bin/tox run -e lint
