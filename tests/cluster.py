@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
@@ -175,4 +177,15 @@ async def bind_pod(
         core.create_namespaced_pod_binding(
             meta["name"], meta["namespace"], cast(client.V1Binding, body), _preload_content=False
         )
+    )
+
+
+def dev(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+    """`gpushare-dev ARGS` as a person runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "gpushare_harness.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
     )

@@ -38,6 +38,24 @@ async def raw_json(call: Awaitable[object]) -> dict[str, Any]:
     return decoded if isinstance(decoded, dict) else {}
 
 
+async def read_pod(
+    core: client.CoreV1Api, name: str, namespace: str, uid: str, *, timeout_s: float
+) -> dict[str, Any] | None:
+    """The pod as the apiserver has it now; None when it is gone or replaced by a namesake
+    (another uid is another pod)."""
+    try:
+        body = await raw_json(
+            core.read_namespaced_pod(
+                name, namespace, _preload_content=False, _request_timeout=timeout_s
+            )
+        )
+    except ApiError as error:
+        if error.status == 404:
+            return None
+        raise
+    return body if body.get("metadata", {}).get("uid") == uid else None
+
+
 def _status_message(text: str) -> str:
     """The `message` of a Kubernetes Status body, else the text itself."""
     try:

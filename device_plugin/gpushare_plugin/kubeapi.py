@@ -15,7 +15,7 @@ from typing import Any, cast
 import aiohttp
 from kubernetes_asyncio import client
 
-from gpushare.kube import ApiError, raw_json
+from gpushare.kube import ApiError, raw_json, read_pod
 from gpushare.model import contract
 from gpushare.model.usage import PodRef
 
@@ -96,16 +96,7 @@ class PluginApi:
         )
 
     async def read_pod(self, pod: PodRef) -> dict[str, Any] | None:
-        try:
-            return await raw_json(
-                self._core.read_namespaced_pod(
-                    pod.name, pod.namespace, _preload_content=False, _request_timeout=self._timeout
-                )
-            )
-        except ApiError as error:
-            if error.status == 404:
-                return None
-            raise
+        return await read_pod(self._core, pod.name, pod.namespace, pod.uid, timeout_s=self._timeout)
 
     async def read_node(self, name: str) -> dict[str, Any]:
         return await raw_json(

@@ -13,7 +13,7 @@ from typing import Any, Protocol, cast
 
 from kubernetes_asyncio import client
 
-from gpushare.kube import ApiError, raw_json
+from gpushare.kube import ApiError, raw_json, read_pod
 from gpushare.model import PodRef, contract
 from gpushare_operator.cache import slim_pod
 
@@ -127,18 +127,7 @@ class KubeSchedulerApi:
         )
 
     async def read_pod(self, pod: PodRef) -> dict[str, Any] | None:
-        try:
-            body = await raw_json(
-                self._core.read_namespaced_pod(
-                    pod.name, pod.namespace, _preload_content=False, _request_timeout=self._timeout
-                )
-            )
-        except ApiError as error:
-            if error.status == 404:
-                return None
-            raise
-        uid = body.get("metadata", {}).get("uid")
-        return body if uid == pod.uid else None  # a namesake is another pod
+        return await read_pod(self._core, pod.name, pod.namespace, pod.uid, timeout_s=self._timeout)
 
     async def set_unschedulable(self, pod: PodRef, reason: str, message: str) -> None:
         condition = {

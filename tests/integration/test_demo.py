@@ -4,25 +4,14 @@ shows, leaves the cluster running for kubectl, and `gpushare-dev down` stops all
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cluster import dev
 
 from gpushare_harness import ControlPlane
 
 pytestmark = pytest.mark.integration
-
-
-def dev(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpushare_harness.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
 
 
 def alive(pid: int) -> bool:

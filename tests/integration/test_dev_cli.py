@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster import dev
 from kubernetes_asyncio import client
 
 from gpushare import kube
@@ -16,16 +16,6 @@ from gpushare.model import node_inventory
 from gpushare_harness import ControlPlane
 
 pytestmark = pytest.mark.integration
-
-
-def dev(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpushare_harness.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
 
 
 async def read_node(kubeconfig: Path, name: str) -> dict[str, Any]:
