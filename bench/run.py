@@ -11,7 +11,9 @@ Allocate latency with 500 pods on the node and the ListAndWatch message for 8 x 
 
 Each benchmark is its own script (bench/*.py, runnable alone) and its own process; this
 runner collects their JSON into `report.json`, with the machine it ran on, and draws
-`packing.png`, `operator.png` and `plugin.png`.
+`packing.png`, `operator.png` and `plugin.png`. With `--only`, the chosen benchmarks' results
+replace theirs in an existing report of the same machine in `--out`, and the plots are drawn
+again once the report holds every benchmark.
 """
 
 from __future__ import annotations
@@ -148,6 +150,13 @@ def main() -> int:
     plan = QUICK if args.quick else FULL
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"machine": machine(), "quick": args.quick, "results": {}}
+    earlier = args.out / "report.json"
+    if args.only and earlier.exists():
+        # Re-run some benchmarks into a full report: the others' results stay, when they
+        # were measured on this machine at the same sizes.
+        kept = json.loads(earlier.read_text())
+        if kept.get("machine") == report["machine"] and kept.get("quick") == args.quick:
+            report["results"] = kept.get("results", {})
     with tempfile.TemporaryDirectory(prefix="gpushare-bench-") as scratch:
         for name, runs in plan.items():
             if args.only and name not in args.only:
@@ -155,7 +164,7 @@ def main() -> int:
             print(f"\n== {name}", flush=True)
             report["results"][name] = [run_one(name, r, Path(scratch)) for r in runs]
     (args.out / "report.json").write_text(json.dumps(report, indent=2))
-    drawn = plot(report, args.out) if not args.only else []
+    drawn = plot(report, args.out) if set(report["results"]) >= set(plan) else []
     print(f"\nreport: {args.out / 'report.json'}; plots: {', '.join(str(p) for p in drawn)}")
     print(f"machine: {report['machine']}")
     return 0

@@ -8,23 +8,18 @@ node's `volcano.sh/gpu-unhealthy-ids` annotation. Responses are read raw (see gp
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator, Mapping
-from typing import Any, cast
+import functools
+from collections.abc import Mapping
+from typing import Any
 
-import aiohttp
 from kubernetes_asyncio import client
 
 from gpushare.kube import ApiError, raw_json, read_pod
 from gpushare.model import contract
 from gpushare.model.usage import PodRef
+from gpushare.reflector import ListCall
 
 _TIMEOUT_S = 10
-_WATCH_S = 300
-
-
-class WatchExpired(Exception):
-    """The watch's resourceVersion is too old (410): list again."""
 
 
 class PluginApi:
@@ -33,48 +28,11 @@ class PluginApi:
         self._objects = client.CustomObjectsApi(api)
         self._timeout = timeout_s
 
-    async def list_pods(self, node: str) -> tuple[list[dict[str, Any]], str]:
-        """The pods bound to `node`, and the list's resourceVersion to watch from."""
-        body = await raw_json(
-            self._core.list_pod_for_all_namespaces(
-                field_selector=f"spec.nodeName={node}",
-                _preload_content=False,
-                _request_timeout=self._timeout * 6,
-            )
+    def pod_lister(self, node: str) -> ListCall:
+        """The list (and watch) call of the pods bound to `node`, for a Reflector."""
+        return functools.partial(
+            self._core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}"
         )
-        items = [item for item in body.get("items") or [] if isinstance(item, dict)]
-        return items, str(body.get("metadata", {}).get("resourceVersion", ""))
-
-    async def watch_pods(
-        self, node: str, resource_version: str
-    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        """(type, pod) events after `resource_version` until the server ends the watch;
-        WatchExpired when the version is too old."""
-        response = cast(
-            aiohttp.ClientResponse,
-            await self._core.list_pod_for_all_namespaces(
-                field_selector=f"spec.nodeName={node}",
-                watch=True,
-                allow_watch_bookmarks=True,
-                resource_version=resource_version,
-                timeout_seconds=_WATCH_S,
-                _preload_content=False,
-                _request_timeout=_WATCH_S + 30,
-            ),
-        )
-        async with response:
-            if response.status >= 300:
-                raise ApiError(response.status, await response.text())
-            async for line in response.content:
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":
-                    if obj.get("code") == 410:
-                        raise WatchExpired(str(obj.get("message")))
-                    raise ApiError(int(obj.get("code") or 500), str(obj.get("message")))
-                yield str(kind), obj
 
     async def mark_assigned(self, pod: PodRef, resource_version: str) -> None:
         """Set `gpu-assigned: "true"`; 409 when the pod changed since `resource_version`."""

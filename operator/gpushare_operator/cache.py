@@ -45,7 +45,7 @@ from gpushare.model import (
     node_inventory,
     pod_ref,
 )
-from gpushare.model.bodies import Body, annotations_of, path, text
+from gpushare.model.bodies import Body, annotations_of, path, sequence, text
 from gpushare.model.filters import NodeFacts, PodNeeds, node_facts, node_reason
 from gpushare.model.resources import PODS, add_into, pod_requests
 from gpushare.model.usage import FINISHED_PHASES
@@ -462,6 +462,29 @@ def slim_pod(body: Body) -> dict[str, Any]:
         },
         "spec": slim_spec,
         "status": {"phase": path(body, "status").get("phase")},
+    }
+
+
+def slim_node(body: Body) -> dict[str, Any]:
+    """The fields of a node the filters and the inventory read. A real node's status lists
+    its images and managed fields: often tens of KiB that no decision needs."""
+    meta = path(body, "metadata")
+    spec = path(body, "spec")
+    status = path(body, "status")
+    slim_status = {key: status[key] for key in ("allocatable", "capacity") if key in status}
+    if "conditions" in status:
+        slim_status["conditions"] = [
+            {"type": c.get("type"), "status": c.get("status")}
+            for c in sequence(status.get("conditions"))
+        ]
+    return {
+        "metadata": {
+            key: meta[key]
+            for key in ("name", "uid", "labels", "annotations", "resourceVersion")
+            if key in meta
+        },
+        "spec": {key: spec[key] for key in ("taints", "unschedulable") if key in spec},
+        "status": slim_status,
     }
 
 

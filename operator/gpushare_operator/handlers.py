@@ -1,9 +1,11 @@
-"""kopf adapters only: each handler hands what it sees to the Runtime.
+"""kopf adapters only: the operator's life cycle, its liveness probe and its live
+configuration (GPUShareConfig, watched with `@kopf.on.event`, so kopf writes nothing to it).
 
-Pods, nodes and GPUNodes are watched with `@kopf.on.event` alone, so kopf writes nothing to
-them: no annotation, finalizer or Event lands on a user's pod or a node. The cluster is
-loaded once at start by the Runtime's own LIST (`Runtime.initial_sync`); the watches bring
-every change after it. Pods are kept as slim copies (only the fields the scheduler reads).
+Pods, nodes and GPUNodes are not watched through kopf: the Runtime's own reflectors list
+them in pages and watch them (gpushare.reflector), and keep slim copies. kopf's watch lists
+a kind in one unpaged response and keeps state per object, which at 50,000 pods cost more
+memory than the whole scheduler cache. Nothing is written to users' pods or nodes but the
+scheduler's own Binding, condition and Events.
 
 Run it with `kopf run --standalone -A -m gpushare_operator.handlers` or `gpushare-operator`.
 """
@@ -20,7 +22,6 @@ import kopf
 from gpushare import kube, logs
 from gpushare.model import contract
 from gpushare.model.bodies import mapping
-from gpushare_operator.cache import slim_pod
 from gpushare_operator.config import from_env
 from gpushare_operator.kubeapi import CONFIG_PLURAL, KubeSchedulerApi
 from gpushare_operator.runtime import Runtime
@@ -47,10 +48,6 @@ def runtime(memo: Any) -> Runtime:
     found = memo.get(_RUNTIME)
     assert isinstance(found, Runtime), "the startup handler did not run"
     return found
-
-
-def _plain(body: kopf.Body) -> dict[str, Any]:
-    return dict(mapping(body))
 
 
 @kopf.on.startup()
@@ -81,21 +78,6 @@ async def cleanup(*, memo: Any, **_: Any) -> None:
     api_client = memo.get("gpushare_api_client")
     if api_client is not None:
         await api_client.close()
-
-
-@kopf.on.event("pods")
-async def pod_event(*, type: str, body: kopf.Body, memo: Any, **_: Any) -> None:
-    runtime(memo).pod_event(type, slim_pod(_plain(body)))
-
-
-@kopf.on.event("nodes")
-async def node_event(*, type: str, body: kopf.Body, memo: Any, **_: Any) -> None:
-    runtime(memo).node_event(type, _plain(body))
-
-
-@kopf.on.event(contract.INVENTORY_GROUP, contract.INVENTORY_VERSION, contract.INVENTORY_PLURAL)
-async def gpunode_event(*, type: str, body: kopf.Body, memo: Any, **_: Any) -> None:
-    runtime(memo).gpunode_event(type, _plain(body))
 
 
 @kopf.on.event(contract.INVENTORY_GROUP, contract.INVENTORY_VERSION, CONFIG_PLURAL)

@@ -2,24 +2,24 @@
 
 Writes go to: pods/binding (the bind, with the GPU annotations), pods/status (PodScheduled),
 events (Scheduled, FailedScheduling), gpunodes/status, gpushareconfigs/status and Leases.
-Reads of pods, nodes and GPUNodes come from kopf's watches, never from here.
+Reads of pods, nodes and GPUNodes: each kind's list call, for the Reflector that lists and
+watches it (gpushare.reflector); single pods are read back after a refused bind.
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Awaitable, Mapping
+import functools
+from collections.abc import Mapping
 from typing import Any, Protocol, cast
 
 from kubernetes_asyncio import client
 
 from gpushare.kube import ApiError, raw_json, read_pod
 from gpushare.model import PodRef, contract
-from gpushare_operator.cache import slim_pod
+from gpushare.reflector import ListCall
 
 COMPONENT = "gpushare-scheduler"
-_LIST_TIMEOUT_S = 300  # a full LIST of a large cluster is slow
-_PAGE = 5000
 CONFIG_PLURAL = "gpushareconfigs"
 
 
@@ -31,8 +31,8 @@ def now_rfc3339(micro: bool = False) -> str:
 
 
 class SchedulerApi(Protocol):
-    async def list_objects(self, kind: str) -> list[dict[str, Any]]:
-        """Every `pods`, `nodes` or `gpunodes` object (raw JSON; [] if the kind is unknown)."""
+    def lister(self, kind: str) -> ListCall:
+        """The list (and watch) call of `pods`, `nodes` or `gpunodes`, for a Reflector."""
         ...
 
     async def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> None: ...
@@ -66,42 +66,17 @@ class KubeSchedulerApi:
         self._identity = identity
         self._timeout = timeout_s
 
-    async def list_objects(self, kind: str) -> list[dict[str, Any]]:
-        """In pages of 5,000, and pods slimmed page by page: the raw JSON of a large cluster
-        is never held whole, so the memory it took is reused rather than left behind."""
-        found: list[dict[str, Any]] = []
-        token: str | None = None
-        while True:
-            page: dict[str, Any] = {"limit": _PAGE, "_preload_content": False}
-            page["_request_timeout"] = _LIST_TIMEOUT_S
-            if token:
-                page["_continue"] = token
-            call: Awaitable[object]
-            if kind == "pods":
-                call = self._core.list_pod_for_all_namespaces(**page)
-            elif kind == "nodes":
-                call = self._core.list_node(**page)
-            else:
-                call = self._objects.list_cluster_custom_object(
-                    contract.INVENTORY_GROUP,
-                    contract.INVENTORY_VERSION,
-                    contract.INVENTORY_PLURAL,
-                    **page,
-                )
-            try:
-                listed = await raw_json(call)
-            except ApiError as error:
-                if error.status == 404:  # the GPUNode CRD is not installed: no inventories
-                    return []
-                raise
-            items: list[dict[str, Any]] = listed.get("items", [])
-            if kind == "pods":
-                found.extend(slim_pod(item) for item in items)
-            else:
-                found.extend(items)
-            token = listed.get("metadata", {}).get("continue")
-            if not token:
-                return found
+    def lister(self, kind: str) -> ListCall:
+        if kind == "pods":
+            return self._core.list_pod_for_all_namespaces
+        if kind == "nodes":
+            return self._core.list_node
+        return functools.partial(
+            self._objects.list_cluster_custom_object,
+            contract.INVENTORY_GROUP,
+            contract.INVENTORY_VERSION,
+            contract.INVENTORY_PLURAL,
+        )
 
     async def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> None:
         # The UID precondition makes the bind fail if the pod was replaced by a namesake.

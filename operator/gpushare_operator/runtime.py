@@ -13,13 +13,11 @@ import ctypes
 import gc
 import time
 
-import aiohttp
-
 from gpushare import logs
-from gpushare.kube import ApiError
 from gpushare.model import NodeName, PodUid
 from gpushare.model.bodies import Body, path, text
-from gpushare_operator.cache import PodChange, SchedulerCache, slim_pod
+from gpushare.reflector import Reflector, name_of
+from gpushare_operator.cache import PodChange, SchedulerCache, slim_node, slim_pod
 from gpushare_operator.config import ConfigError, OperatorConfig, describe, with_live
 from gpushare_operator.election import LeaseElector
 from gpushare_operator.kubeapi import SchedulerApi
@@ -81,9 +79,33 @@ class Runtime:
             on_started_leading=self._start_leading,
             on_stopped_leading=self._stop_leading,
         )
+        self._pods = Reflector(
+            "pods",
+            api.lister("pods"),
+            apply=self.pod_event,
+            listed=self._listed_pods,
+            transform=slim_pod,
+        )
+        self.reflectors = (
+            Reflector(
+                "nodes",
+                api.lister("nodes"),
+                apply=self.node_event,
+                listed=self._listed_nodes,
+                key=name_of,
+                transform=slim_node,
+            ),
+            Reflector(
+                "gpunodes",
+                api.lister("gpunodes"),
+                apply=self.gpunode_event,
+                listed=self._listed_gpunodes,
+                key=name_of,
+                optional=True,
+            ),
+            self._pods,
+        )
         self.synced = asyncio.Event()
-        self.listed_at = 0.0
-        """When the cache last took a full LIST (monotonic)."""
         self.started_at = time.monotonic()
         self.last_event: dict[str, float] = {}
         self._leader_tasks: list[asyncio.Task[None]] = []
@@ -106,6 +128,8 @@ class Runtime:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        for reflector in self.reflectors:
+            await reflector.stop()
         if self.config.leader_elect:
             with contextlib.suppress(Exception):  # best effort on the way out
                 await self.elector.release()
@@ -147,51 +171,47 @@ class Runtime:
     # -- feeding the cache ---------------------------------------------------------------
 
     async def initial_sync(self) -> None:
-        """Load the whole cluster with one LIST per kind, then open the leader's work.
-
-        Like an informer's list-then-watch: kopf's watches deliver every later change, and
-        an event older than what the LIST showed is recognised by its resourceVersion and
-        skipped. (kopf's own indexes would give the same guarantee, but wake every waiting
-        object on every listed object: quadratic at start-up on large clusters.)"""
-        nodes, pods = await self.resync()
+        """Start the reflectors one kind after another (nodes first, so that pods land on
+        known nodes; one large list at a time), then open the leader's work."""
+        for reflector in self.reflectors:
+            reflector.start()
+            await reflector.listed.wait()
         release_memory()
         self.synced.set()
-        self._log.info("synced", nodes=nodes, pods=pods, pending=len(self.cache.pending_uids()))
+        self._log.info(
+            "synced",
+            nodes=len(self.cache.node_names()),
+            pods=self._pods.count,
+            pending=len(self.cache.pending_uids()),
+        )
 
-    async def resync(self) -> tuple[int, int]:
-        """One LIST per kind into the cache (older states skipped by resourceVersion), and
-        the pods the cache knows that the LIST no longer shows forgotten. Retries until the
-        apiserver answers; returns the counts of nodes and pods."""
-        while True:
-            try:
-                nodes = await self.api.list_objects("nodes")
-                gpunodes = await self.api.list_objects("gpunodes")
-                pods = await self.api.list_objects("pods")
-                break
-            except (ApiError, OSError, TimeoutError, aiohttp.ClientError) as error:
-                self._log.warning("list_failed", error=str(error), retry_in_s=2)
-                await asyncio.sleep(2)
-        self.listed_at = time.monotonic()
-        for node in nodes:
-            self.node_event("MODIFIED", node)
-        for gpunode in gpunodes:
-            self.gpunode_event("MODIFIED", gpunode)
-        listed = set()
-        newest = -1
-        for pod in pods:
-            meta = path(pod, "metadata")
-            listed.add(text(meta.get("uid")) or "")
-            version = text(meta.get("resourceVersion")) or ""
-            newest = max(newest, int(version) if version.isdigit() else -1)
-            self.pod_event("MODIFIED", slim_pod(pod))
-        for uid in self.cache.known_pod_uids() - listed:
-            # Gone since, unless the watch delivered it after the LIST was taken (then it
-            # is newer than anything listed); keeping a deleted pod errs on the safe side.
+    @property
+    def listed_at(self) -> float:
+        """When the cache last took a full LIST of every kind (monotonic)."""
+        return min(reflector.listed_at for reflector in self.reflectors)
+
+    async def resync(self) -> None:
+        """LIST every kind again now, one after another, and return once the cache holds it."""
+        for reflector in self.reflectors:
+            await reflector.relist()
+        self._log.info("resynced", nodes=len(self.cache.node_names()), pods=self._pods.count)
+
+    def _listed_nodes(self, names: set[str], version: str) -> None:
+        for name in set(self.cache.node_names()) - names:
+            self.node_event("DELETED", {"metadata": {"name": name}})
+
+    def _listed_gpunodes(self, names: set[str], version: str) -> None:
+        for name in set(self.cache.gpunode_names()) - names:
+            self.gpunode_event("DELETED", {"metadata": {"name": name}})
+
+    def _listed_pods(self, uids: set[str], version: str) -> None:
+        """Forget the pods the cache knows that a LIST did not show, unless the cache saw
+        them in a state newer than the LIST (a pod read back after a refused bind): keeping
+        a deleted pod errs on the safe side."""
+        newest = int(version) if version.isdigit() else -1
+        for uid in self.cache.known_pod_uids() - uids:
             if self._versions.get(f"pod/{uid}", -1) <= newest:
                 self.pod_event("DELETED", {"metadata": {"uid": uid}})
-        if self.synced.is_set():
-            self._log.info("resynced", nodes=len(nodes), pods=len(pods))
-        return len(nodes), len(pods)
 
     def _stale(self, key: str, kind: str | None, body: Body) -> bool:
         """Whether an event shows an older state than the cache already holds."""
@@ -288,8 +308,6 @@ class Runtime:
         self.queue.unschedulable_retry_s = config.unschedulable_retry_s
         if names_changed and self.synced.is_set():
             # Pods of a newly served (or dropped) scheduler name wait unbound: look again.
-            for pod in await self.api.list_objects("pods"):
-                if not text(path(pod, "spec").get("nodeName")):
-                    self.pod_event("MODIFIED", slim_pod(pod))
+            await self._pods.relist()
         self._log.info("config_applied", config=describe(config))
         return True, "applied"

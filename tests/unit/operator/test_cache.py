@@ -5,7 +5,9 @@ from __future__ import annotations
 from builders import capacity_node, gpu_pod
 
 from gpushare.model import CardIndex, NodeName, Placement, PodRequest, gpu_request, place
-from gpushare_operator.cache import PodChange, SchedulerCache
+from gpushare.model.filters import node_facts
+from gpushare.model.inventory import node_inventory
+from gpushare_operator.cache import PodChange, SchedulerCache, slim_node
 
 
 def cache(clock: list[float]) -> SchedulerCache:
@@ -73,3 +75,28 @@ def test_status_only_changes_of_a_pending_pod_do_not_requeue_it() -> None:
     assert c.observe_pod(pod).change is PodChange.PENDING
     pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False"}]
     assert c.observe_pod(pod).change is PodChange.IGNORED
+
+
+def test_a_slim_node_decides_as_the_whole_node_does() -> None:
+    node = capacity_node("n", 20000, 2)
+    node["metadata"].update(
+        labels={"zone": "a"},
+        annotations={"volcano.sh/gpu-unhealthy-ids": "1"},
+        uid="u-n",
+        resourceVersion="7",
+        managedFields=[{"manager": "kubelet", "fieldsV1": {"f:status": {}}}],
+    )
+    node["spec"] = {
+        "taints": [{"key": "gpu", "value": "yes", "effect": "NoSchedule"}],
+        "unschedulable": True,
+        "podCIDR": "10.0.0.0/24",
+    }
+    node["status"]["conditions"] = [
+        {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ready"}
+    ]
+    node["status"]["images"] = [{"names": [f"image-{n}"], "sizeBytes": n} for n in range(50)]
+    slim = slim_node(node)
+    assert node_facts(slim) == node_facts(node)
+    assert node_inventory(slim) == node_inventory(node)
+    assert "images" not in slim["status"]
+    assert "managedFields" not in slim["metadata"]

@@ -1,0 +1,247 @@
+"""List-then-watch, as client-go's reflector does it: the one way gpushare reads a kind.
+
+A LIST in pages, each object handed to the owner as its page arrives (so neither the raw
+JSON nor the objects of a large cluster are ever held whole), then a WATCH from the list's
+resourceVersion, resumed from the last version seen when the server ends it, and a new LIST
+when the version has expired (410) or the connection failed. The owner sees two synchronous
+calls (each lands in one step between awaits): `apply` for every listed object and every
+watched change, in order, and `listed` when a LIST is complete, with the keys it held:
+what the owner holds beyond them is gone.
+
+The operator uses one per kind (nodes, GPUNodes, pods) instead of kopf's watches, whose
+initial listing is not paged and keeps state per object: at 50,000 pods that alone cost
+hundreds of MiB. The device plugin uses one for the pods bound to its node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, cast
+
+import aiohttp
+
+from gpushare import logs
+from gpushare.kube import ApiError, raw_json
+
+ListCall = Callable[..., Awaitable[object]]
+"""A kubernetes_asyncio list method with its selectors bound (functools.partial)."""
+Item = dict[str, Any]
+Transform = Callable[[Item], Item]
+
+LISTED = "LISTED"
+"""The event type `apply` gets for each object of a LIST."""
+PAGE_SIZE = 500  # client-go's pager uses the same
+LIST_TIMEOUT_S = 300  # a LIST of a large cluster is slow
+WATCH_S = 300
+BACKOFF_MAX_S = 30.0
+
+
+class WatchExpired(Exception):
+    """The resourceVersion to watch or page from is too old (410): list again."""
+
+
+def _keep(item: Item) -> Item:
+    return item
+
+
+def uid_of(item: Item) -> str:
+    return str((item.get("metadata") or {}).get("uid") or "")
+
+
+def name_of(item: Item) -> str:
+    return str((item.get("metadata") or {}).get("name") or "")
+
+
+async def list_pages(
+    call: ListCall, *, page_size: int = PAGE_SIZE
+) -> AsyncIterator[tuple[list[Item], str]]:
+    """Each page of what `call` lists, with the list's resourceVersion (one snapshot: every
+    page carries the same)."""
+    token: str | None = None
+    while True:
+        page: dict[str, Any] = {
+            "limit": page_size,
+            "_preload_content": False,
+            "_request_timeout": LIST_TIMEOUT_S,
+        }
+        if token:
+            page["_continue"] = token
+        try:
+            listed = await raw_json(call(**page))
+        except ApiError as error:
+            if error.status == 410:  # the continue token expired mid-way
+                raise WatchExpired(error.message) from error
+            raise
+        meta = listed.get("metadata") or {}
+        items = [item for item in listed.get("items") or [] if isinstance(item, dict)]
+        del listed
+        yield items, str(meta.get("resourceVersion") or "")
+        token = meta.get("continue")
+        if not token:
+            return
+
+
+async def watch(call: ListCall, resource_version: str) -> AsyncIterator[tuple[str, Item]]:
+    """(type, object) events after `resource_version` until the server ends the watch;
+    WatchExpired when the version is too old, ApiError on any other refusal."""
+    response = cast(
+        aiohttp.ClientResponse,
+        await call(
+            watch=True,
+            allow_watch_bookmarks=True,
+            resource_version=resource_version,
+            timeout_seconds=WATCH_S,
+            _preload_content=False,
+            _request_timeout=WATCH_S + 30,
+        ),
+    )
+    async with response:
+        if response.status == 410:
+            raise WatchExpired(await response.text())
+        if response.status >= 300:
+            raise ApiError(response.status, await response.text())
+        async for line in _lines(response.content):
+            event = json.loads(line)
+            kind, obj = str(event.get("type")), event.get("object") or {}
+            if kind == "ERROR":
+                if obj.get("code") == 410:
+                    raise WatchExpired(str(obj.get("message")))
+                raise ApiError(int(obj.get("code") or 500), str(obj.get("message")))
+            yield kind, obj
+
+
+async def _lines(stream: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """Whole lines of any length (aiohttp's own line reader refuses lines over 64 KiB,
+    and one pod with a large annotation makes such a line)."""
+    buffered = b""
+    async for chunk in stream.iter_any():
+        buffered += chunk
+        *lines, buffered = buffered.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield line
+    if buffered.strip():
+        yield buffered
+
+
+class Reflector:
+    """Keeps its owner current with one kind, for ever, until stopped."""
+
+    def __init__(
+        self,
+        what: str,
+        call: ListCall,
+        *,
+        apply: Callable[[str, Item], None],
+        listed: Callable[[set[str], str], None],
+        key: Callable[[Item], str] = uid_of,
+        transform: Transform = _keep,
+        optional: bool = False,
+        page_size: int = PAGE_SIZE,
+    ) -> None:
+        """`apply(type, object)`: each object of a LIST (type LISTED) and each watched change.
+        `listed(keys, resourceVersion)`: a LIST is complete and these were its objects' keys;
+        whatever else the owner holds is gone. `optional`: a 404 (the kind's CRD is not
+        installed) lists as empty, and the reflector looks again later."""
+        self.what = what
+        self._call = call
+        self._apply = apply
+        self._listed = listed
+        self._key = key
+        self._transform = transform
+        self._optional = optional
+        self._page_size = page_size
+        self.listed = asyncio.Event()
+        """Set once the first LIST has been handed over."""
+        self.listed_at = 0.0
+        """When the last LIST was handed over (monotonic)."""
+        self.count = 0
+        """How many objects the last LIST held."""
+        self._fresh = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._log = logs.get("reflector", kind=what)
+
+    def start(self) -> None:
+        """Run in a task of its own, which `stop` and `relist` end."""
+        self._fresh.clear()
+        self._task = asyncio.create_task(self.run(), name=f"reflector {self.what}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def relist(self) -> None:
+        """LIST again now (the watch may lag behind), and return once that list is in."""
+        await self.stop()
+        self.start()
+        await self._fresh.wait()
+
+    async def run(self) -> None:
+        """List and watch for ever (cancel to stop); `start` runs it as a task of its own."""
+        backoff = 0.5
+        while True:
+            try:
+                version = await self._list()
+                backoff = 0.5
+                while True:
+                    async for kind, body in watch(self._call, version):
+                        version = body.get("metadata", {}).get("resourceVersion") or version
+                        if kind != "BOOKMARK":
+                            self._deliver(kind, body)
+            except WatchExpired as expired:
+                self._log.info("watch_expired", reason=str(expired))
+            except ApiError as error:
+                if error.status == 404 and self._optional:
+                    self._log.info("not_served", error=error.message, retry_in_s=BACKOFF_MAX_S)
+                    self._handed_over(set(), "")
+                    await asyncio.sleep(BACKOFF_MAX_S)
+                    continue
+                backoff = await self._back_off(error, backoff)
+            except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
+                # The apiserver restarting, a dropped connection, a cut-off stream.
+                backoff = await self._back_off(error, backoff)
+
+    async def _list(self) -> str:
+        """Hand over every listed object as its page arrives (never the whole list at once:
+        each page's memory is free again before the next, so a large cluster does not
+        leave the heap fragmented), then the keys; returns the version to watch from."""
+        keys: set[str] = set()
+        version = ""
+        async for items, page_version in list_pages(self._call, page_size=self._page_size):
+            version = page_version
+            for item in items:
+                keys.add(self._key(item))
+                self._deliver(LISTED, item)
+            del items
+        self._handed_over(keys, version)
+        return version
+
+    def _deliver(self, kind: str, body: Item) -> None:
+        """One object to the owner. A failure there is a bug for one object, logged with
+        it; the others (and the watch) go on, as an informer's do."""
+        try:
+            self._apply(kind, self._transform(body))
+        except Exception:
+            self._log.exception("apply_failed", type=kind, object=self._key(body))
+
+    def _handed_over(self, keys: set[str], version: str) -> None:
+        try:
+            self._listed(keys, version)
+        except Exception:
+            self._log.exception("listed_failed", objects=len(keys))
+        self.count = len(keys)
+        self.listed_at = time.monotonic()
+        self._fresh.set()
+        self.listed.set()
+
+    async def _back_off(self, error: Exception, backoff: float) -> float:
+        self._log.warning(
+            "watch_failed", error=str(error) or type(error).__name__, retry_in_s=backoff
+        )
+        await asyncio.sleep(backoff)
+        return min(backoff * 2, BACKOFF_MAX_S)
