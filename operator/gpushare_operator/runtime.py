@@ -1,8 +1,10 @@
-"""The operator's parts wired together, independent of kopf: what the handlers feed.
+"""The operator's parts wired together, independent of kopf (its handlers only start and
+stop a Runtime, probe it and hand it the live configuration).
 
-`Runtime` owns the cache, the queue, the scheduler, the status writer and the elector, and
-the long-running tasks: the elector always runs; the decision loop and the status writer run
-only while this replica leads (or always, with leader election off).
+`Runtime` owns the reflectors that keep the cache current (nodes, GPUNodes, pods), the
+cache, the queue, the scheduler, the status writer and the elector, and the long-running
+tasks: the reflectors and the elector always run; the decision loop and the status writer
+run only while this replica leads (or always, with leader election off).
 """
 
 from __future__ import annotations
