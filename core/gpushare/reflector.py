@@ -2,8 +2,9 @@
 
 A LIST in pages, each object handed to the owner as its page arrives (so neither the raw
 JSON nor the objects of a large cluster are ever held whole), then a WATCH from the list's
-resourceVersion, resumed from the last version seen when the server ends it, and a new LIST
-when the version has expired (410) or the connection failed. The owner sees two synchronous
+resourceVersion, resumed from the last version seen when the server ends it or the
+connection breaks, and a new LIST only when that version has expired (410) or something
+unforeseen went wrong. The owner sees two synchronous
 calls (each lands in one step between awaits): `apply` for every listed object and every
 watched change, in order, and `listed` when a LIST is complete, with the keys it held:
 what the owner holds beyond them is gone.
@@ -36,7 +37,10 @@ LISTED = "LISTED"
 PAGE_SIZE = 500  # client-go's pager uses the same
 LIST_TIMEOUT_S = 300  # a LIST of a large cluster is slow
 WATCH_S = 300
+BACKOFF_MIN_S = 0.5
 BACKOFF_MAX_S = 30.0
+QUICK_END_S = 1.0
+"""A watch the server ends sooner than this, with nothing in it, is retried after a pause."""
 
 
 class WatchExpired(Exception):
@@ -105,7 +109,10 @@ async def watch(call: ListCall, resource_version: str) -> AsyncIterator[tuple[st
             raise ApiError(response.status, await response.text())
         async for line in _lines(response.content):
             event = json.loads(line)
-            kind, obj = str(event.get("type")), event.get("object") or {}
+            obj = event.get("object") if isinstance(event, dict) else None
+            if not isinstance(obj, dict):
+                raise ValueError(f"not a watch event: {line[:200]!r}")
+            kind = str(event.get("type"))
             if kind == "ERROR":
                 if obj.get("code") == 410:
                     raise WatchExpired(str(obj.get("message")))
@@ -162,49 +169,76 @@ class Reflector:
         """How many objects the last LIST held."""
         self._fresh = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._stopped = True
         self._log = logs.get("reflector", kind=what)
 
     def start(self) -> None:
-        """Run in a task of its own, which `stop` and `relist` end."""
+        """Run in a task of its own, until `stop`."""
+        self._stopped = False
         self._fresh.clear()
         self._task = asyncio.create_task(self.run(), name=f"reflector {self.what}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        """End the task; whoever waits in `relist` is let go."""
+        self._stopped = True
+        await self._end_task()
+        self._fresh.set()
+
+    async def _end_task(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def relist(self) -> None:
-        """LIST again now (the watch may lag behind), and return once that list is in."""
-        await self.stop()
-        self.start()
+        """LIST again now (the watch may lag behind), and return once that list is in.
+        Nothing to do before `start` (the first list is yet to come) or after `stop`."""
+        if self._stopped:
+            return
+        try:
+            await self._end_task()
+        finally:  # even when the caller is cancelled: a reflector is never left stopped
+            if not self._stopped:
+                self.start()
         await self._fresh.wait()
 
     async def run(self) -> None:
         """List and watch for ever (cancel to stop); `start` runs it as a task of its own."""
-        backoff = 0.5
+        backoff = BACKOFF_MIN_S
+        version = ""  # none yet: LIST first
         while True:
             try:
-                version = await self._list()
-                backoff = 0.5
-                while True:
-                    async for kind, body in watch(self._call, version):
-                        version = body.get("metadata", {}).get("resourceVersion") or version
-                        if kind != "BOOKMARK":
-                            self._deliver(kind, body)
+                if not version:
+                    version = await self._list()
+                    backoff = BACKOFF_MIN_S
+                opened, events = time.monotonic(), 0
+                async for kind, body in watch(self._call, version):
+                    events += 1
+                    version = str((body.get("metadata") or {}).get("resourceVersion") or version)
+                    if kind != "BOOKMARK":
+                        self._deliver(kind, body)
+                if events or time.monotonic() - opened >= QUICK_END_S:
+                    backoff = BACKOFF_MIN_S
+                else:  # ended at once: do not hammer the server
+                    backoff = await self._back_off("watch ended at once", backoff)
             except WatchExpired as expired:
                 self._log.info("watch_expired", reason=str(expired))
+                version = ""
             except ApiError as error:
                 if error.status == 404 and self._optional:
                     self._log.info("not_served", error=error.message, retry_in_s=BACKOFF_MAX_S)
                     self._handed_over(set(), "")
+                    version = ""
                     await asyncio.sleep(BACKOFF_MAX_S)
                     continue
                 backoff = await self._back_off(error, backoff)
             except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
-                # The apiserver restarting, a dropped connection, a cut-off stream.
+                # The apiserver restarting, a dropped connection, a cut-off stream: watch
+                # again from the last version seen (a LIST, if that is where it broke).
                 backoff = await self._back_off(error, backoff)
+            except Exception as error:  # a bug must not freeze the owner's view: LIST anew
+                version = ""
+                backoff = await self._back_off(error, backoff, unforeseen=True)
 
     async def _list(self) -> str:
         """Hand over every listed object as its page arrives (never the whole list at once:
@@ -239,9 +273,10 @@ class Reflector:
         self._fresh.set()
         self.listed.set()
 
-    async def _back_off(self, error: Exception, backoff: float) -> float:
-        self._log.warning(
-            "watch_failed", error=str(error) or type(error).__name__, retry_in_s=backoff
-        )
+    async def _back_off(
+        self, error: Exception | str, backoff: float, *, unforeseen: bool = False
+    ) -> float:
+        reason = error if isinstance(error, str) else str(error) or type(error).__name__
+        self._log.warning("watch_failed", error=reason, retry_in_s=backoff, exc_info=unforeseen)
         await asyncio.sleep(backoff)
         return min(backoff * 2, BACKOFF_MAX_S)

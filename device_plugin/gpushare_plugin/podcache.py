@@ -1,7 +1,7 @@
 """A watch cache of the pods bound to this node: what Allocate matches against.
 
-A Reflector (a LIST, then a WATCH from its resourceVersion; a new LIST after a 410 or a
-broken connection) keeps it current. Each pod is parsed once into a `BoundPod`. Allocate
+A Reflector (a LIST, then a WATCH resumed from the last version seen; a new LIST after a
+410) keeps it current. Each pod is parsed once into a `BoundPod`. Allocate
 never lists: when its pod is not in the cache yet (the kubelet saw the binding first), it
 waits on `wait_change` for the watch to catch up.
 """

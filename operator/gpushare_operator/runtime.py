@@ -130,12 +130,12 @@ class Runtime:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._cancel_leader_tasks()  # before the reflectors: a resync may be under way
         for reflector in self.reflectors:
             await reflector.stop()
         if self.config.leader_elect:
             with contextlib.suppress(Exception):  # best effort on the way out
                 await self.elector.release()
-        await self._cancel_leader_tasks()
 
     @property
     def leading(self) -> bool:
@@ -214,6 +214,10 @@ class Runtime:
         for uid in self.cache.known_pod_uids() - uids:
             if self._versions.get(f"pod/{uid}", -1) <= newest:
                 self.pod_event("DELETED", {"metadata": {"uid": uid}})
+        # Pods the cache does not hold (not ours) whose deletion the watch missed.
+        for key in [key for key in self._versions if key.startswith("pod/")]:
+            if key[4:] not in uids and self._versions[key] <= newest:
+                del self._versions[key]
 
     def _stale(self, key: str, kind: str | None, body: Body) -> bool:
         """Whether an event shows an older state than the cache already holds."""
@@ -308,8 +312,9 @@ class Runtime:
         self.queue.backoff_initial_s = config.backoff_initial_s
         self.queue.backoff_max_s = config.backoff_max_s
         self.queue.unschedulable_retry_s = config.unschedulable_retry_s
-        if names_changed and self.synced.is_set():
-            # Pods of a newly served (or dropped) scheduler name wait unbound: look again.
+        if names_changed:
+            # Pods of a newly served (or dropped) scheduler name wait unbound: look again
+            # (also when the first list is under way; before it starts, it will see them).
             await self._pods.relist()
         self._log.info("config_applied", config=describe(config))
         return True, "applied"

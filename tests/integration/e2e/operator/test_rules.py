@@ -174,6 +174,33 @@ async def test_gpunode_status_shows_allocation_per_card(
     }
 
 
+async def create_config(api: client.ApiClient, spec: dict[str, Any]) -> None:
+    config = {
+        "apiVersion": "gpushare.io/v1alpha1",
+        "kind": "GPUShareConfig",
+        "metadata": {"name": "default"},
+        "spec": spec,
+    }
+    await raw_json(
+        client.CustomObjectsApi(api).create_cluster_custom_object(
+            "gpushare.io", "v1alpha1", "gpushareconfigs", config, _preload_content=False
+        )
+    )
+
+
+async def test_a_scheduler_name_served_live_takes_the_pods_already_waiting_for_it(
+    api: client.ApiClient, core: client.CoreV1Api, start_operator: Start
+) -> None:
+    await create_gpu_node(core, FakeGpuNode(name="n", gpu_memory=22356, gpu_number=2))
+    await create_pod(core, gpu_pod("early", 2000, scheduler="team-a"))
+    start_operator()
+    await create_pod(core, gpu_pod("served", 2000))
+    await bound(core, "served")  # the operator is running, and "early" is not its pod yet
+    assert (await read_pod(core, "early"))["spec"].get("nodeName") is None
+    await create_config(api, {"schedulerNames": ["volcano", "team-a"]})
+    assert gpu_index(await bound(core, "early")) in {"0", "1"}
+
+
 async def test_live_configuration_applies_and_a_bad_value_keeps_the_old_one(
     api: client.ApiClient, core: client.CoreV1Api, start_operator: Start
 ) -> None:
@@ -181,17 +208,7 @@ async def test_live_configuration_applies_and_a_bad_value_keeps_the_old_one(
     await create_gpu_node(core, FakeGpuNode(name="n", gpu_memory=65536, gpu_number=2))
     await create_gpunode(api, "n", [40960, 24576])
     start_operator()
-    config = {
-        "apiVersion": "gpushare.io/v1alpha1",
-        "kind": "GPUShareConfig",
-        "metadata": {"name": "default"},
-        "spec": {"policy": "firstfit"},
-    }
-    await raw_json(
-        objects.create_cluster_custom_object(
-            "gpushare.io", "v1alpha1", "gpushareconfigs", config, _preload_content=False
-        )
-    )
+    await create_config(api, {"policy": "firstfit"})
 
     async def status() -> dict[str, Any] | None:
         body = await raw_json(
