@@ -4,10 +4,9 @@ A LIST in pages, each object handed to the owner as its page arrives (so neither
 JSON nor the objects of a large cluster are ever held whole), then a WATCH from the list's
 resourceVersion, resumed from the last version seen when the server ends it or the
 connection breaks, and a new LIST only when that version has expired (410) or something
-unforeseen went wrong. The owner sees two synchronous
-calls (each lands in one step between awaits): `apply` for every listed object and every
-watched change, in order, and `listed` when a LIST is complete, with the keys it held:
-what the owner holds beyond them is gone.
+unforeseen went wrong. The owner sees two synchronous calls (each lands in one step between
+awaits): `apply` for every listed object and every watched change, in order, and `listed`
+when a LIST is complete, with the keys it held: what the owner holds beyond them is gone.
 
 The operator uses one per kind (nodes, GPUNodes, pods) instead of kopf's watches, whose
 initial listing is not paged and keeps state per object: at 50,000 pods that alone cost

@@ -1,9 +1,9 @@
 """A watch cache of the pods bound to this node: what Allocate matches against.
 
 A Reflector (a LIST, then a WATCH resumed from the last version seen; a new LIST after a
-410) keeps it current. Each pod is parsed once into a `BoundPod`. Allocate
-never lists: when its pod is not in the cache yet (the kubelet saw the binding first), it
-waits on `wait_change` for the watch to catch up.
+410) keeps it current. Each pod is parsed once into a `BoundPod`. Allocate never lists: when
+its pod is not in the cache yet (the kubelet saw the binding first), it waits on
+`wait_change` for the watch to catch up.
 """
 
 from __future__ import annotations

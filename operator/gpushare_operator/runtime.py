@@ -216,7 +216,7 @@ class Runtime:
                 self.pod_event("DELETED", {"metadata": {"uid": uid}})
         # Pods the cache does not hold (not ours) whose deletion the watch missed.
         for key in [key for key in self._versions if key.startswith("pod/")]:
-            if key[4:] not in uids and self._versions[key] <= newest:
+            if key.removeprefix("pod/") not in uids and self._versions[key] <= newest:
                 del self._versions[key]
 
     def _stale(self, key: str, kind: str | None, body: Body) -> bool:
