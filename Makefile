@@ -3,16 +3,20 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 TOOLS := .venv-tools
 DEV := .venv
 
-.PHONY: demo test up down bench lint clean
+.PHONY: demo test up down bench lint clean node-packages
 
-## demo: the user guide end to end (control plane, two fake GPU nodes with the device plugin and
-## the kubelet's device manager, the operator, the guide's pods); leaves it running
-demo: $(DEV)/bin/gpushare-dev
+## demo: the user guide end to end (control plane, a real node with the device plugin, a fake
+## heterogeneous node, the operator, the guide's pods, kubectl exec); leaves it running
+demo: node-packages $(DEV)/bin/gpushare-dev
 	$(DEV)/bin/gpushare-dev demo
 
-## test: lint + unit + property + integration tests (builds kube-apiserver and etcd if absent)
-test: $(TOOLS)/bin/tox
+## test: lint + unit + property + integration tests (builds the Kubernetes binaries if absent)
+test: node-packages $(TOOLS)/bin/tox
 	$(TOOLS)/bin/tox run -e lint,unit,integration
+
+## node-packages: the Debian packages of a real node (containerd, runc, CNI), when missing
+node-packages:
+	harness/node-packages.sh
 
 ## up: a local control plane with the user guide's GPU node; prints the KUBECONFIG to use
 up: $(DEV)/bin/gpushare-dev

@@ -1,9 +1,11 @@
-"""kube-apiserver, etcd, kubectl and the kubelet device-manager harness, built from the Go
-module proxy and cached outside the repository.
+"""The Kubernetes binaries the harness runs, built from the Go module proxy and cached outside
+the repository: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, the
+kubelet (for real nodes), kubelet-devices and pause.
 
 The wrapper module in harness/go pins k8s.io/kubernetes and every staging module, and etcd's
 server; it also holds kubelet-devices (harness/go/kubeletdevices), the kubelet's own device
-manager acting for one fake node. A build is keyed by the hash of go.mod, go.sum and our Go
+manager acting for one fake node, and pause (harness/go/pause), the real node's sandbox
+image. A build is keyed by the hash of go.mod, go.sum and our Go
 sources, so changing a pin or the harness rebuilds and nothing else does. Cache:
 $GPUSHARE_CACHE, else ~/.cache/gpushare.
 """
@@ -26,19 +28,36 @@ class BuildError(RuntimeError):
     """The binaries could not be built; the message says what to install or fix."""
 
 
+# What each binary is built from (a package of the wrapper module or of its requirements).
+_PACKAGES = {
+    "kube_apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
+    "etcd": "go.etcd.io/etcd/server/v3",
+    "kube_controller_manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+    "kube_scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+    "kubectl": "k8s.io/kubernetes/cmd/kubectl",
+    "kubelet": "k8s.io/kubernetes/cmd/kubelet",
+    "kubelet_devices": "./kubeletdevices",
+    "pause": "./pause",
+}
+
+
 @dataclass(frozen=True, kw_only=True)
 class Binaries:
     kube_apiserver: Path
     etcd: Path
-    kubelet_devices: Path
+    kube_controller_manager: Path
+    kube_scheduler: Path
     kubectl: Path
+    kubelet: Path
+    kubelet_devices: Path
+    pause: Path
+
+    def paths(self) -> dict[str, Path]:
+        return {field: getattr(self, field) for field in _PACKAGES}
 
     @property
     def present(self) -> bool:
-        return all(
-            p.is_file()
-            for p in (self.kube_apiserver, self.etcd, self.kubelet_devices, self.kubectl)
-        )
+        return all(path.is_file() for path in self.paths().values())
 
 
 def cache_dir() -> Path:
@@ -60,25 +79,20 @@ def expected_binaries() -> Binaries:
         digest.update(source.relative_to(GO_MODULE).as_posix().encode())
         digest.update(source.read_bytes())
     folder = cache_dir() / "bin" / f"{kubernetes_version()}-{digest.hexdigest()[:12]}"
-    return Binaries(
-        kube_apiserver=folder / "kube-apiserver",
-        etcd=folder / "etcd",
-        kubelet_devices=folder / "kubelet-devices",
-        kubectl=folder / "kubectl",
-    )
+    return Binaries(**{field: folder / field.replace("_", "-") for field in _PACKAGES})
 
 
 def ensure_binaries(*, log: bool = True) -> Binaries:
-    """The cached binaries, building them first when they are absent (about 4 minutes on 2
-    cores with a cold Go cache)."""
+    """The cached binaries, building them first when they are absent (about 12 minutes on 2
+    cores with a cold Go cache, one at a time: each link takes a few GiB)."""
     binaries = expected_binaries()
     if binaries.present:
         return binaries
     go = shutil.which("go")
     if go is None:
         raise BuildError(
-            "the Go toolchain (go >= 1.26) is needed to build kube-apiserver and "
-            "etcd; install it and put `go` on PATH"
+            "the Go toolchain (go >= 1.26) is needed to build kube-apiserver, etcd and the "
+            "kubelet; install it and put `go` on PATH"
         )
     version = kubernetes_version()
     major, minor = version.lstrip("v").split(".")[:2]
@@ -87,14 +101,9 @@ def ensure_binaries(*, log: bool = True) -> Binaries:
         f"-X k8s.io/component-base/version.gitMajor={major} "
         f"-X k8s.io/component-base/version.gitMinor={minor}"
     )
-    builds = {
-        binaries.kube_apiserver: "k8s.io/kubernetes/cmd/kube-apiserver",
-        binaries.etcd: "go.etcd.io/etcd/server/v3",
-        binaries.kubelet_devices: "./kubeletdevices",
-        binaries.kubectl: "k8s.io/kubernetes/cmd/kubectl",
-    }
     binaries.kube_apiserver.parent.mkdir(parents=True, exist_ok=True)
-    for target, package in builds.items():
+    for field, target in binaries.paths().items():
+        package = _PACKAGES[field]
         if target.is_file():
             continue
         if log:

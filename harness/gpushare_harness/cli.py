@@ -34,11 +34,11 @@ from gpushare.kube import ApiError, api_client
 from gpushare_harness import demo
 from gpushare_harness.binaries import BuildError, cache_dir, ensure_binaries
 from gpushare_harness.controlplane import ControlPlane, ControlPlaneError, terminate
-from gpushare_harness.crds import install_crds
+from gpushare_harness.crds import install_project_at
 from gpushare_harness.kubelet import KubeletUnavailable
+from gpushare_harness.network import ClusterNetwork
 from gpushare_harness.nodes import FakeGpuNode, create_gpu_node
-
-LEASE_NAMESPACE = "gpushare-system"
+from gpushare_harness.realnode import RealCluster, RealNodeError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         ApiError,
         client.ApiException,
         KubeletUnavailable,
+        RealNodeError,
         RuntimeError,
     ) as error:
         print(f"gpushare-dev {args.command}: {error}", file=sys.stderr)
@@ -86,13 +87,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _build() -> int:
-    binaries = ensure_binaries()
-    found = {
-        "kube-apiserver": str(binaries.kube_apiserver),
-        "etcd": str(binaries.etcd),
-        "kubelet-devices": str(binaries.kubelet_devices),
-        "kubectl": str(binaries.kubectl),
-    }
+    found = {path.name: str(path) for path in ensure_binaries().paths().values()}
     print(json.dumps(found, indent=2))
     return 0
 
@@ -129,7 +124,7 @@ def _up(directory: Path) -> int:
     shutil.rmtree(directory, ignore_errors=True)
     plane = ControlPlane(directory, die_with_parent=False).start()
     try:
-        asyncio.run(_install_crds(plane.kubeconfig))
+        install_project_at(plane.kubeconfig)
     except BaseException:
         plane.stop()
         raise
@@ -144,24 +139,34 @@ def _up(directory: Path) -> int:
 
 
 def _demo(directory: Path) -> int:
-    state = _state(directory)
-    if state is not None and state.get("components"):
+    if _state(directory) is not None:
         _down(directory)  # a fresh demo: the guide's pods on an empty cluster
-    _up(directory)
-    state = _state(directory)
-    assert state is not None
-    kubeconfig = Path(state["kubeconfig"])
+    shutil.rmtree(directory, ignore_errors=True)
+    cluster = RealCluster(directory, detached=True)
+    components: dict[str, int] = {}
     try:
-        state["components"] = demo.start_components(directory, kubeconfig)
-    finally:
-        (directory / "state.json").write_text(json.dumps(state, indent=2))
+        cluster.start()
+        assert cluster.plane is not None
+        kubeconfig = cluster.plane.kubeconfig
+        install_project_at(kubeconfig)
+        demo.start_components(cluster, components)
+    except BaseException:
+        _stop({"components": components, **(cluster.describe() if cluster.plane else {})})
+        cluster.stop()
+        raise
+    (directory / "state.json").write_text(
+        json.dumps({**cluster.describe(), "components": components}, indent=2)
+    )
     demo.show(directory, kubeconfig)
     flag = f" --dir {directory}" if directory != cache_dir() / "cluster" else ""
+    tools = [ensure_binaries().kubectl.parent, Path(sys.executable).parent]
     print(
-        f"\nEverything keeps running. Go on with kubectl:\n"
+        f"\nEverything keeps running. Go on with kubectl, gpushare and kubectl gpushare:\n"
         f"  export KUBECONFIG={kubeconfig}\n"
-        f"  kubectl get gpunodes; kubectl get pods -o wide\n"
-        f"Logs: {directory}/*.log\n"
+        f"  export PATH={':'.join(str(t) for t in tools)}:$PATH\n"
+        f"  kubectl get gpunodes; kubectl get pods -o wide; kubectl gpushare inspect\n"
+        f"  kubectl exec gpu-pod1 -- env\n"
+        f"Logs: {directory}/*.log; the real node's: {cluster.nodes[demo.REAL_NODE[0]].directory}\n"
         f"Stop it all: " + (f"gpushare-dev down{flag}" if flag else "make down")
     )
     return 0
@@ -177,19 +182,27 @@ def _status(directory: Path) -> int:
 
 
 def _stop(state: dict[str, Any]) -> None:
-    """The demo's components first, then kube-apiserver (it shuts down slowly without
-    etcd), then etcd; SIGKILL after 10 s each."""
-    pids: dict[str, int] = state["pids"]
+    """The demo's components first, then its real nodes, the controllers, kube-apiserver (it
+    shuts down slowly without etcd), etcd, and the nodes' bridge; SIGKILL after 10 s each."""
+    pids: dict[str, int] = state.get("pids", {})
     components: dict[str, int] = state.get("components", {})
-    for pid in [*components.values(), pids.get("kube-apiserver"), pids.get("etcd")]:
-        if pid is None:
-            continue
-        terminate(pid)
-        deadline = time.monotonic() + 10
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if _alive(pid):
-            terminate(pid, signal.SIGKILL)
+    for pid in components.values():
+        _end(pid)
+    RealCluster.stop_recorded_nodes(state)
+    for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+        if name in pids:
+            _end(pids[name])
+    if "network" in state:
+        ClusterNetwork.from_json(state["network"]).delete()
+
+
+def _end(pid: int) -> None:
+    terminate(pid)
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _alive(pid):
+        terminate(pid, signal.SIGKILL)
 
 
 def _down(directory: Path) -> int:
@@ -201,15 +214,6 @@ def _down(directory: Path) -> int:
     shutil.rmtree(directory, ignore_errors=True)
     print("control plane stopped")
     return 0
-
-
-async def _install_crds(kubeconfig: Path) -> None:
-    """The CRDs, and the namespace the operator keeps its Lease in."""
-    async with await api_client(kubeconfig) as api:
-        await install_crds(api)
-        await client.CoreV1Api(api).create_namespace(
-            client.V1Namespace(metadata=client.V1ObjectMeta(name=LEASE_NAMESPACE))
-        )
 
 
 def _add_node(directory: Path, node: FakeGpuNode) -> int:

@@ -1,9 +1,19 @@
-"""etcd and kube-apiserver on free loopback ports, with TLS, RBAC and an admin kubeconfig.
+"""etcd and kube-apiserver on free ports, with TLS, Node+RBAC authorization and an admin
+kubeconfig; with `controllers=True` also kube-controller-manager and kube-scheduler, all
+from the same pinned module.
 
-The flags follow envtest (controller-runtime's test control plane) with two changes for a
-cluster that has no controller-manager: the ServiceAccount admission plugin is off (no
-default ServiceAccount would ever appear) and so is TaintNodesByCondition (nothing would
-ever lift the not-ready taint from fake nodes).
+The flags follow envtest (controller-runtime's test control plane). A plane with controllers
+is a whole cluster: the ServiceAccount admission plugin is on (the controller-manager makes
+each namespace's default ServiceAccount and its tokens), namespaces are deleted, Deployments
+and DaemonSets make pods, the garbage collector follows owner references, and kube-scheduler
+places the pods that are not ours. A plane without them (most operator tests: one per test,
+about 4 s) keeps the ServiceAccount plugin off, since no default ServiceAccount would ever
+appear. TaintNodesByCondition stays off in both: fake nodes never post a heartbeat, and a
+real kubelet only registers once it is ready to run pods.
+
+The apiserver listens on one address: loopback, or for planes with real nodes the address of
+the bridge those nodes join (`gpushare_harness.network`); the kubelets are dialled at their
+InternalIP only, so nothing ever resolves a node's name through the machine's resolver.
 
 Processes run in their own session so one signal stops each with its children; in tests
 they also die with the test process (PR_SET_PDEATHSIG), so a crashed run leaves nothing.
@@ -38,33 +48,50 @@ class ControlPlaneError(RuntimeError):
     """The control plane did not start; the message carries the end of its log."""
 
 
+_CONTROLLERS = ("kube-scheduler", "kube-controller-manager")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Endpoints:
     apiserver_port: int
     etcd_client_port: int
     etcd_peer_port: int
+    address: str = "127.0.0.1"
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.apiserver_port}"
+        return f"https://{self.address}:{self.apiserver_port}"
 
 
 class ControlPlane:
-    """A running etcd + kube-apiserver under `directory`.
+    """A running etcd + kube-apiserver (+ kube-controller-manager and kube-scheduler) under
+    `directory`.
 
-    `start()` blocks until /readyz answers ok; `stop()` ends both. `kubeconfig` holds an
-    admin (system:masters) client certificate.
+    `start()` blocks until /readyz answers ok (and, with controllers, until the default
+    ServiceAccount exists); `stop()` ends them all. `kubeconfig` holds an admin
+    (system:masters) client certificate.
     """
 
     def __init__(
-        self, directory: Path, *, binaries: Binaries | None = None, die_with_parent: bool = True
+        self,
+        directory: Path,
+        *,
+        binaries: Binaries | None = None,
+        die_with_parent: bool = True,
+        controllers: bool = False,
+        address: str = "127.0.0.1",
+        node_monitor_grace_s: int = 40,
     ) -> None:
         self.directory = directory
         self.binaries = binaries or ensure_binaries()
         self.kubeconfig = directory / "kubeconfig"
+        self.controllers = controllers
+        self.address = address
+        self.node_monitor_grace_s = node_monitor_grace_s
         self._die_with_parent = die_with_parent
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self._argv: dict[str, list[str]] = {}
+        self._health_ports: dict[str, int] = {}
         self.endpoints: Endpoints | None = None
         self.pki: Pki | None = None
 
@@ -72,12 +99,13 @@ class ControlPlane:
 
     def start(self) -> ControlPlane:
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.pki = write_pki(self.directory / "pki")
+        self.pki = write_pki(self.directory / "pki", server_ips=sorted({"127.0.0.1", self.address}))
         for attempt in range(3):  # a free port can be taken between probing and binding
             self.endpoints = Endpoints(
                 apiserver_port=free_port(),
                 etcd_client_port=free_port(),
                 etcd_peer_port=free_port(),
+                address=self.address,
             )
             try:
                 self._launch()
@@ -86,20 +114,21 @@ class ControlPlane:
                 self.stop()
                 if attempt == 2:
                     raise
-        self._write_kubeconfig()
+        if self.controllers:
+            try:
+                self._launch_controllers()
+            except BaseException:
+                self.stop()
+                raise
         return self
 
     def stop(self) -> None:
-        """Stop kube-apiserver, then etcd (SIGTERM, then SIGKILL after 10 s)."""
-        for name in ("kube-apiserver", "etcd"):
+        """Stop the controllers, kube-apiserver, then etcd (SIGTERM, then SIGKILL after
+        10 s)."""
+        for name in (*_CONTROLLERS, "kube-apiserver", "etcd"):
             process = self._processes.pop(name, None)
             if process is not None:
-                terminate(process.pid)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=10)
-                if process.poll() is None:
-                    process.kill()
-                    process.wait()
+                _end(process)
 
     def __enter__(self) -> ControlPlane:
         return self.start()
@@ -110,13 +139,7 @@ class ControlPlane:
     def restart_apiserver(self) -> None:
         """Stop kube-apiserver (SIGTERM) and start it again on the same port and etcd: every
         client's watches break and its calls fail until it is ready again."""
-        process = self._processes.pop("kube-apiserver")
-        terminate(process.pid)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=10)
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        _end(self._processes.pop("kube-apiserver"))
         self._spawn("kube-apiserver", self._argv["kube-apiserver"])
         self._wait_ready()
 
@@ -147,13 +170,16 @@ class ControlPlane:
             ],
         )
         pki = self.pki
+        disabled = (
+            "TaintNodesByCondition" if self.controllers else "ServiceAccount,TaintNodesByCondition"
+        )
         self._spawn(
             "kube-apiserver",
             [
                 str(self.binaries.kube_apiserver),
                 f"--etcd-servers={etcd_client}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={self.address}",
+                f"--advertise-address={self.address}",
                 f"--secure-port={ports.apiserver_port}",
                 f"--cert-dir={self.directory / 'pki'}",
                 f"--tls-cert-file={pki.serving_cert}",
@@ -163,13 +189,60 @@ class ControlPlane:
                 f"--service-account-issuer={ports.server}",
                 f"--service-account-key-file={pki.sa_public}",
                 f"--service-account-signing-key-file={pki.sa_private}",
-                "--authorization-mode=RBAC",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                f"--disable-admission-plugins={disabled}",
                 "--allow-privileged=true",
-                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                # Kubelets are dialled at their InternalIP only: their names are resolved
+                # nowhere, so no DNS query leaves the machine for exec or logs.
+                "--kubelet-preferred-address-types=InternalIP",
+                f"--kubelet-client-certificate={pki.kubelet_client_cert}",
+                f"--kubelet-client-key={pki.kubelet_client_key}",
+                f"--kubelet-certificate-authority={pki.ca_cert}",
                 "--profiling=false",
             ],
         )
         self._wait_ready()
+        self._write_kubeconfig()
+
+    def _launch_controllers(self) -> None:
+        assert self.pki is not None
+        pki = self.pki
+        kubeconfig = [
+            f"--kubeconfig={self.kubeconfig}",
+            f"--authentication-kubeconfig={self.kubeconfig}",
+            f"--authorization-kubeconfig={self.kubeconfig}",
+            "--bind-address=127.0.0.1",
+            "--leader-elect=false",
+            "--profiling=false",
+        ]
+        for name in _CONTROLLERS:
+            self._health_ports[name] = free_port()
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(self.binaries.kube_controller_manager),
+                *kubeconfig,
+                f"--secure-port={self._health_ports['kube-controller-manager']}",
+                f"--cert-dir={self.directory / 'kube-controller-manager'}",
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={pki.sa_private}",
+                f"--root-ca-file={pki.ca_cert}",
+                f"--cluster-signing-cert-file={pki.ca_cert}",
+                f"--cluster-signing-key-file={pki.ca_key}",
+                f"--node-monitor-grace-period={self.node_monitor_grace_s}s",
+            ],
+        )
+        self._spawn(
+            "kube-scheduler",
+            [
+                str(self.binaries.kube_scheduler),
+                *kubeconfig,
+                f"--secure-port={self._health_ports['kube-scheduler']}",
+                f"--cert-dir={self.directory / 'kube-scheduler'}",
+            ],
+        )
+        self._wait_controllers()
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         self._argv[name] = argv
@@ -190,9 +263,8 @@ class ControlPlane:
         context.load_cert_chain(str(self.pki.admin_cert), str(self.pki.admin_key))
         return context
 
-    def _wait_ready(self) -> None:
-        assert self.endpoints is not None
-        context = self._ssl_context()
+    def _poll(self, what: str, url: str, context: ssl.SSLContext, log: str) -> None:
+        """Until `url` answers 200 (ControlPlaneError with `log`'s tail otherwise)."""
         deadline = time.monotonic() + _START_TIMEOUT_S
         last_error = "no answer yet"
         while time.monotonic() < deadline:
@@ -202,18 +274,39 @@ class ControlPlane:
                         f"{name} exited with {process.returncode}:\n{self.log_tail(name)}"
                     )
             try:
-                # https to our own loopback apiserver only.
-                with urllib.request.urlopen(  # noqa: S310
-                    f"{self.endpoints.server}/readyz", context=context, timeout=5
-                ) as answer:
+                # https to our own apiserver and controllers only.
+                with urllib.request.urlopen(url, context=context, timeout=5) as answer:  # noqa: S310
                     if answer.status == 200:
                         return
             except (urllib.error.URLError, OSError) as error:
                 last_error = str(error)
             time.sleep(0.25)
         raise ControlPlaneError(
-            f"kube-apiserver not ready after {_START_TIMEOUT_S:.0f} s ({last_error}):\n"
-            f"{self.log_tail('kube-apiserver')}"
+            f"{what} not ready after {_START_TIMEOUT_S:.0f} s ({last_error}):\n{self.log_tail(log)}"
+        )
+
+    def _wait_ready(self) -> None:
+        assert self.endpoints is not None
+        self._poll(
+            "kube-apiserver",
+            f"{self.endpoints.server}/readyz",
+            self._ssl_context(),
+            "kube-apiserver",
+        )
+
+    def _wait_controllers(self) -> None:
+        """Both healthy, and the default ServiceAccount made: pods can be created."""
+        assert self.endpoints is not None
+        # Their serving certificates are self-signed in their --cert-dir: only /healthz of
+        # our own processes on loopback is read without verifying them.
+        local = ssl._create_unverified_context()  # noqa: S323
+        for name, port in self._health_ports.items():
+            self._poll(name, f"https://127.0.0.1:{port}/healthz", local, name)
+        self._poll(
+            "the default ServiceAccount",
+            f"{self.endpoints.server}/api/v1/namespaces/default/serviceaccounts/default",
+            self._ssl_context(),
+            "kube-controller-manager",
         )
 
     def log_tail(self, name: str, lines: int = 30) -> str:
@@ -271,12 +364,22 @@ class ControlPlane:
         return {
             "server": self.endpoints.server,
             "kubeconfig": str(self.kubeconfig),
+            "address": self.address,
             "pids": self.pids(),
             "directory": str(self.directory),
         }
 
     def to_json(self) -> str:
         return json.dumps(self.describe(), indent=2)
+
+
+def _end(process: subprocess.Popen[bytes]) -> None:
+    terminate(process.pid)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=10)
+    if process.poll() is None:
+        process.kill()
+        process.wait()
 
 
 def terminate(pid: int, signal_number: int = signal.SIGTERM) -> None:

@@ -9,6 +9,8 @@ from typing import Any, cast
 import yaml
 from kubernetes_asyncio import client
 
+from gpushare.kube import api_client
+
 CRD_DIR = Path(__file__).resolve().parents[2] / "manifests" / "crds"
 
 
@@ -38,3 +40,28 @@ async def _established(extensions: client.ApiextensionsV1Api, name: str) -> bool
     crd = await extensions.read_custom_resource_definition(name)
     conditions = crd.status.conditions or []
     return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+
+OPERATOR_NAMESPACE = "gpushare-system"
+
+
+async def install_project(api: client.ApiClient) -> None:
+    """The CRDs, and the namespace the operator keeps its Lease in (either may exist)."""
+    await install_crds(api)
+    try:
+        await client.CoreV1Api(api).create_namespace(
+            client.V1Namespace(metadata=client.V1ObjectMeta(name=OPERATOR_NAMESPACE))
+        )
+    except client.ApiException as error:
+        if error.status != 409:
+            raise
+
+
+def install_project_at(kubeconfig: Path) -> None:
+    """`install_project` for synchronous callers (the CLI, benchmarks, fixtures)."""
+
+    async def install() -> None:
+        async with await api_client(kubeconfig) as api:
+            await install_project(api)
+
+    asyncio.run(install())

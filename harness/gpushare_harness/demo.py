@@ -1,10 +1,13 @@
 """The user guide, end to end, on this machine: `gpushare-dev demo` (`make demo`).
 
-It starts the local control plane (or reuses the running one), brings up two fake GPU nodes,
-each run the way a real one is (the kubelet's own device manager acting as its kubelet, and
-the gpushare device plugin with fake cards), starts the operator, applies the guide's
-gpu-pod1 and gpu-pod2 unchanged, and shows what the guide shows. Everything keeps running
-afterwards; `gpushare-dev down` stops it all.
+It starts a whole local cluster (etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler), the guide's node `gpu-node-1` as a real node (the kubelet, containerd and
+runc, in namespaces of its own; `gpushare_harness.realnode`) with the gpushare device plugin
+on 8 fake cards of 11178 MiB, a second, heterogeneous node `gpu-node-2` whose kubelet is only
+the kubelet's device manager (`kubelet-devices`: no containers run there), and the operator;
+then applies the guide's gpu-pod1 and gpu-pod2 unchanged and shows what the guide shows, the
+env through a real `kubectl exec`. Everything keeps running afterwards; `gpushare-dev down`
+stops it all.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from kubernetes_asyncio import client
 
@@ -25,12 +27,11 @@ from gpushare_harness.kubelet import KubeletHarness
 from gpushare_harness.nodes import FakeGpuNode, create_gpu_node
 from gpushare_harness.operator import OperatorProcess
 from gpushare_harness.plugin import PluginProcess
+from gpushare_harness.realnode import RealCluster
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
-NODES = {
-    "gpu-node-1": "8x11178",  # the guide's node: 8 cards of 11178 MiB
-    "gpu-node-2": "1x81920,1x40960,2x24576",  # heterogeneous cards
-}
+REAL_NODE = ("gpu-node-1", "8x11178")  # the guide's node: 8 cards of 11178 MiB
+FAKE_NODE = ("gpu-node-2", "1x81920,1x40960,2x24576")  # heterogeneous cards
 GUIDE_PODS = ("gpu-pod1", "gpu-pod2")
 
 
@@ -67,15 +68,11 @@ def gpushare(kubeconfig: Path, *args: str) -> None:
     print((result.stdout or result.stderr).rstrip(), flush=True)
 
 
-async def _create_nodes(kubeconfig: Path) -> None:
+async def _create_fake_node(kubeconfig: Path, name: str) -> None:
     async with await api_client(kubeconfig) as api:
-        core = client.CoreV1Api(api)
-        for name in NODES:
-            try:
-                await create_gpu_node(core, FakeGpuNode(name=name, gpu_memory=0, gpu_number=0))
-            except client.ApiException as error:
-                if error.status != 409:
-                    raise
+        await create_gpu_node(
+            client.CoreV1Api(api), FakeGpuNode(name=name, gpu_memory=0, gpu_number=0)
+        )
 
 
 async def _wait_running(kubeconfig: Path, names: tuple[str, ...], timeout_s: float) -> None:
@@ -91,34 +88,46 @@ async def _wait_running(kubeconfig: Path, names: tuple[str, ...], timeout_s: flo
         raise RuntimeError(f"the guide's pods are not Running after {timeout_s} s: {phases}")
 
 
-def start_components(directory: Path, kubeconfig: Path) -> dict[str, int]:
-    """Kubelet harness and device plugin per node, then the operator; their pids."""
-    asyncio.run(_create_nodes(kubeconfig))
-    pids: dict[str, int] = {}
-    for name, cards in NODES.items():
-        plugin_dir = directory / f"dp-{name}"
-        kubelet = KubeletHarness(
-            node=name,
-            kubeconfig=kubeconfig,
-            plugin_dir=plugin_dir,
-            log=directory / f"{name}-kubelet.log",
-            detached=True,
-        ).start()
-        pids[f"{name}-kubelet"] = kubelet.pid
-        plugin = PluginProcess(
-            node=name,
-            kubeconfig=kubeconfig,
-            socket_dir=plugin_dir,
-            fake_gpus=cards,
-            log=directory / f"{name}-device-plugin.log",
-            detached=True,
-        )
-        pids[f"{name}-device-plugin"] = plugin.start(timeout_s=60).pid
+def start_components(cluster: RealCluster, pids: dict[str, int]) -> None:
+    """The real node and its device plugin, the fake node (kubelet-devices and plugin), then
+    the operator; their pids go into `pids` as each starts (so a failure stops them)."""
+    assert cluster.plane is not None
+    directory, kubeconfig = cluster.directory, cluster.plane.kubeconfig
+    name, cards = REAL_NODE
+    node = cluster.add_node(name)
+    plugin = PluginProcess(
+        node=name,
+        kubeconfig=kubeconfig,
+        socket_dir=node.plugin_dir,
+        fake_gpus=cards,
+        log=directory / f"{name}-device-plugin.log",
+        detached=True,
+    )
+    pids[f"{name}-device-plugin"] = plugin.start(timeout_s=60).pid
+    name, cards = FAKE_NODE
+    asyncio.run(_create_fake_node(kubeconfig, name))
+    plugin_dir = directory / f"dp-{name}"
+    kubelet = KubeletHarness(
+        node=name,
+        kubeconfig=kubeconfig,
+        plugin_dir=plugin_dir,
+        log=directory / f"{name}-kubelet-devices.log",
+        detached=True,
+    ).start()
+    pids[f"{name}-kubelet-devices"] = kubelet.pid
+    plugin = PluginProcess(
+        node=name,
+        kubeconfig=kubeconfig,
+        socket_dir=plugin_dir,
+        fake_gpus=cards,
+        log=directory / f"{name}-device-plugin.log",
+        detached=True,
+    )
+    pids[f"{name}-device-plugin"] = plugin.start(timeout_s=60).pid
     operator = OperatorProcess(
         kubeconfig, directory / "operator.log", identity="demo", detached=True
     ).start(timeout_s=60)
     pids["operator"] = operator.pid
-    return pids
 
 
 def show(directory: Path, kubeconfig: Path) -> None:
@@ -148,18 +157,9 @@ def show(directory: Path, kubeconfig: Path) -> None:
     ]
     annotations = "custom-columns=" + ",".join(shown)
     kubectl(kubeconfig, "get", "pods", "-o", annotations)
-    section("the container env the kubelet hands to the runtime (what `kubectl exec env` shows)")
+    section("inside the containers: the env the device plugin gave them, through the kubelet")
     for name in GUIDE_PODS:
-        envs = _started_env(directory, f"default/{name}")
-        print(f"$ kubectl exec -ti {name} env")
-        print("...")
-        for key in (
-            contract.ENV_GPU_MEMORY_TOTAL,
-            contract.ENV_GPU_ALLOCATED,
-            contract.ENV_VISIBLE_DEVICES,
-        ):
-            print(f"{key}={envs.get(key)}")
-        print("...")
+        kubectl(kubeconfig, "exec", name, "--", "env")
     section("the cards")
     kubectl(kubeconfig, "get", "gpunodes")
     gpushare(kubeconfig, "inspect")
@@ -175,17 +175,3 @@ def kubectl_quiet(kubeconfig: Path, *args: str) -> str:
         timeout=60,
     )
     return result.stdout
-
-
-def _started_env(directory: Path, pod: str) -> dict[str, Any]:
-    for node in NODES:
-        harness = KubeletHarness(
-            node=node,
-            kubeconfig=Path(),
-            plugin_dir=Path(),
-            log=directory / f"{node}-kubelet.log",
-        )
-        for line in harness.started(pod):
-            envs: dict[str, Any] = line.get("envs") or {}
-            return envs
-    return {}

@@ -21,7 +21,9 @@ class LoggedProcess:
 
     def __init__(self, log: Path, *, detached: bool = False) -> None:
         """`detached`: the process outlives this one (the demo leaves it running; stop it by
-        its pid's process group), else it dies with its parent (tests)."""
+        its pid's process group), else it dies with its parent (tests): with the thread that
+        started it, so start it from one that lives as long as it should (not a worker
+        thread of `asyncio.to_thread`)."""
         self.log = log
         self.detached = detached
         self._process: subprocess.Popen[bytes] | None = None

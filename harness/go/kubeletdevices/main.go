@@ -8,7 +8,9 @@
 // the few kubelet jobs the tests need: it copies the manager's capacity into the Node's
 // status, admits the pods bound to the node (Allocate for every container, init containers
 // first), marks them Running (or Failed with UnexpectedAdmissionError, as the kubelet does),
-// finishes the deletion of terminating pods, and prints one JSON line per outcome on stdout.
+// finishes the deletion of terminating pods, renews the node's Lease as a kubelet's heartbeat
+// (so that a controller-manager's node lifecycle keeps it Ready), and prints one JSON line per
+// outcome on stdout.
 package main
 
 import (
@@ -23,6 +25,7 @@ import (
 	"syscall"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -140,6 +143,7 @@ func main() {
 	factory.Start(ctx.Done())
 	factory.WaitForCacheSync(ctx.Done())
 	go k.copyCapacity(ctx, *interval)
+	go k.heartbeat(ctx)
 	worker := make(chan struct{})
 	go func() {
 		defer close(worker)
@@ -194,6 +198,39 @@ func (k *kubelet) copyCapacity(ctx context.Context, interval time.Duration) {
 			} else if ctx.Err() == nil {
 				klog.ErrorS(err, "copying device capacity to the node", "node", k.node)
 			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+	}
+}
+
+// heartbeat renews kube-node-lease/<node> every 10 s, as the kubelet's node lease controller
+// does; its first renewal creates the Lease.
+func (k *kubelet) heartbeat(ctx context.Context) {
+	leases := k.client.CoordinationV1().Leases(v1.NamespaceNodeLease)
+	duration := int32(40)
+	ticker := time.NewTicker(10 * time.Second)
+	defer ticker.Stop()
+	for {
+		now := metav1.NewMicroTime(time.Now())
+		lease, err := leases.Get(ctx, k.node, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			_, err = leases.Create(ctx, &coordinationv1.Lease{
+				ObjectMeta: metav1.ObjectMeta{Name: k.node, Namespace: v1.NamespaceNodeLease},
+				Spec: coordinationv1.LeaseSpec{
+					HolderIdentity: &k.node, LeaseDurationSeconds: &duration, RenewTime: &now,
+				},
+			}, metav1.CreateOptions{})
+		case err == nil:
+			lease.Spec.RenewTime = &now
+			_, err = leases.Update(ctx, lease, metav1.UpdateOptions{})
+		}
+		if err != nil && ctx.Err() == nil {
+			klog.ErrorS(err, "renewing the node lease", "node", k.node)
 		}
 		select {
 		case <-ctx.Done():

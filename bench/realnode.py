@@ -1,0 +1,235 @@
+"""What the real 1.36 kubelet does with one device per memory unit, measured on real nodes
+(`gpushare_harness.realnode`: the kubelet, containerd, runc; the device plugin on fake cards;
+the operator):
+
+- the size in bytes of a pod object (`kubectl get pod -o json`) asking 1024, 16384 and 40960
+  MiB, at each unit: the kubelet writes every allocated device id into the pod's status;
+- the largest pod that still runs at 1 MiB per device (Running in the API within a minute);
+- the time the kubelet takes to admit a new pod after a restart with N GPU pods on the node.
+
+    python bench/realnode.py [--pods 100] [--units 1,64] [--json out.json]
+
+Needs root and the node packages (`make node-packages`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from gpushare_harness.crds import install_project_at
+from gpushare_harness.operator import OperatorProcess
+from gpushare_harness.plugin import PluginProcess
+from gpushare_harness.realnode import RealCluster, RealNode
+
+SIZES_MIB = (1024, 16384, 40960)
+RESTART_POD_MIB = 800  # 100 such pods fit the guide's 8 x 11178 MiB node
+RUN_TIMEOUT_S = 60.0
+
+
+class Bench:
+    def __init__(self, cluster: RealCluster, directory: Path) -> None:
+        assert cluster.plane is not None
+        self.cluster = cluster
+        self.directory = directory
+        self.kubeconfig = cluster.plane.kubeconfig
+        self.kubectl_path = str(cluster.plane.binaries.kubectl)
+        self.plugins: list[PluginProcess] = []
+
+    def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [self.kubectl_path, "--kubeconfig", str(self.kubeconfig), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=300,
+        )
+
+    def node(self, name: str, cards: str, unit: int) -> RealNode:
+        node = self.cluster.add_node(name)
+        plugin = PluginProcess(
+            node=name,
+            kubeconfig=self.kubeconfig,
+            socket_dir=node.plugin_dir,
+            fake_gpus=cards,
+            log=self.directory / f"{name}-plugin.log",
+            env={"GPU_MEMORY_FACTOR": str(unit)},
+        )
+        self.plugins.append(plugin.start(timeout_s=120))
+        return node
+
+    def create(self, name: str, node: str, units: int) -> None:
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "schedulerName": "volcano",
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "terminationGracePeriodSeconds": 0,
+                "containers": [
+                    {
+                        "name": "cuda-container",
+                        "image": "nvidia/cuda:9.0-devel",
+                        "command": ["sleep", "100000"],
+                        "resources": {"limits": {"volcano.sh/gpu-memory": str(units)}},
+                    }
+                ],
+            },
+        }
+        result = self.kubectl("create", "-f", "-", stdin=json.dumps(pod))
+        if result.returncode != 0:
+            raise RuntimeError(f"creating {name}: {result.stderr}")
+
+    def phases(self) -> dict[str, str]:
+        listed = json.loads(self.kubectl("get", "pods", "-o", "json").stdout or '{"items":[]}')
+        return {p["metadata"]["name"]: p["status"].get("phase", "") for p in listed["items"]}
+
+    def wait_running(self, names: list[str], timeout_s: float) -> float | None:
+        """Seconds until all `names` are Running, or None after `timeout_s`."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout_s:
+            phases = self.phases()
+            if all(phases.get(name) == "Running" for name in names):
+                return time.monotonic() - started
+            if any(phases.get(name) == "Failed" for name in names):
+                return None
+            time.sleep(0.25)
+        return None
+
+    def delete_all(self) -> None:
+        self.kubectl("delete", "pods", "--all", "--grace-period=0", "--force", "--wait=true")
+
+    def pod_size(self, name: str) -> tuple[int, int]:
+        """Bytes of `kubectl get pod -o json`, and device ids in its status."""
+        text = self.kubectl("get", "pod", name, "-o", "json").stdout
+        ids = 0
+        for status in json.loads(text)["status"].get("containerStatuses", []):
+            for resource in status.get("allocatedResourcesStatus", []):
+                ids += len(resource["resources"])
+        return len(text.encode()), ids
+
+
+def measure_sizes(bench: Bench, units: list[int]) -> list[dict[str, Any]]:
+    rows = []
+    for unit in units:
+        node = f"size-u{unit}"
+        bench.node(node, "1x81920", unit)
+        for mib in SIZES_MIB:
+            name = f"size-{unit}-{mib}"
+            count = math.ceil(mib / unit)
+            bench.create(name, node, count)
+            ran = bench.wait_running([name], RUN_TIMEOUT_S)
+            deadline = time.monotonic() + 30
+            size, ids = bench.pod_size(name)
+            while ran is not None and ids < count and time.monotonic() < deadline:
+                time.sleep(0.5)
+                size, ids = bench.pod_size(name)
+            rows.append(
+                {"unit_mib": unit, "pod_mib": mib, "running": ran is not None,
+                 "device_ids_in_status": ids, "pod_json_bytes": size}
+            )  # fmt: skip
+            print(f"size: unit {unit} MiB, pod {mib} MiB: {size} bytes, {ids} ids", flush=True)
+            bench.delete_all()
+    return rows
+
+
+def largest_running_pod(bench: Bench) -> dict[str, Any]:
+    """Bisect (4 GiB steps) the largest pod that reaches Running at 1 MiB per device."""
+    node = "largest-u1"
+    bench.node(node, "1x147456", 1)
+    low, high = 0, 147456
+    tries = []
+    while high - low > 4096:
+        mib = (low + high) // 2 // 1024 * 1024
+        name = f"largest-{mib}"
+        bench.create(name, node, mib)
+        ran = bench.wait_running([name], RUN_TIMEOUT_S)
+        size, ids = bench.pod_size(name)
+        tries.append({"pod_mib": mib, "running": ran is not None, "pod_json_bytes": size,
+                      "device_ids_in_status": ids})  # fmt: skip
+        print(f"largest: {mib} MiB running={ran is not None} ({size} bytes)", flush=True)
+        bench.delete_all()
+        if ran is not None:
+            low = mib
+        else:
+            high = mib
+    return {"largest_running_mib": low, "first_failing_mib": high, "tries": tries}
+
+
+def restart_admission(bench: Bench, unit: int, pods: int) -> dict[str, Any]:
+    name = f"restart-u{unit}"
+    node = bench.node(name, "8x11178", unit)
+    units = math.ceil(RESTART_POD_MIB / unit)
+    names = [f"r{unit}-{i}" for i in range(pods)]
+    started = time.monotonic()
+    for pod in names:
+        bench.create(pod, name, units)
+    filled = bench.wait_running(names, 60 + pods * 5)
+    fill_s = None if filled is None else round(time.monotonic() - started, 1)
+    print(f"restart: unit {unit}: {pods} pods Running in {fill_s} s", flush=True)
+    started = time.monotonic()
+    node.restart_kubelet(timeout_s=600)
+    ready_s = time.monotonic() - started
+    bench.create(f"new-{unit}", name, units)
+    admitted = bench.wait_running([f"new-{unit}"], 600)
+    total = time.monotonic() - started
+    print(
+        f"restart: unit {unit}: Ready after {ready_s:.1f} s, new pod Running "
+        f"{'never' if admitted is None else f'{admitted:.1f} s after its creation'}",
+        flush=True,
+    )
+    bench.delete_all()
+    return {
+        "unit_mib": unit,
+        "pods_on_node": pods,
+        "fill_seconds": fill_s,
+        "kubelet_ready_seconds": round(ready_s, 1),
+        "new_pod_admitted_seconds": None if admitted is None else round(admitted, 1),
+        "restart_to_new_pod_running_seconds": round(total, 1),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=int, default=100)
+    parser.add_argument("--units", default="1,64")
+    parser.add_argument("--skip-largest", action="store_true")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    units = [int(u) for u in args.units.split(",")]
+    directory = Path(tempfile.mkdtemp(prefix="bench-realnode-"))
+    cluster = RealCluster(directory).start()
+    assert cluster.plane is not None
+    bench = Bench(cluster, directory)
+    operator = OperatorProcess(cluster.plane.kubeconfig, directory / "operator.log")
+    report: dict[str, Any] = {"benchmark": "realnode", "units": units}
+    try:
+        install_project_at(cluster.plane.kubeconfig)
+        operator.start()
+        report["pod_sizes"] = measure_sizes(bench, units)
+        if not args.skip_largest:
+            report["largest_at_1_mib"] = largest_running_pod(bench)
+        report["restart"] = [restart_admission(bench, unit, args.pods) for unit in units]
+    finally:
+        operator.stop()
+        for plugin in bench.plugins:
+            plugin.stop()
+        cluster.stop()
+    text = json.dumps(report, indent=2)
+    if args.json:
+        args.json.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian packages a real local node needs, when any is missing (root only):
+# containerd and runc (the container runtime), the CNI plugins, iproute2 and util-linux
+# (namespaces, veth, bridge), iptables (the kubelet's own chains, inside the node's namespace),
+# and busybox-static (the local stand-in for the guide's image).
+set -euo pipefail
+packages=(containerd runc containernetworking-plugins iproute2 util-linux iptables busybox-static)
+missing=()
+for package in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" \
+    || missing+=("$package")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
+  echo "node-packages: missing ${missing[*]}; install them as root with apt-get (Debian/Ubuntu)" >&2
+  exit 1
+fi
+echo "node-packages: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# The package's own containerd service is not the node's: each real node runs its own.

@@ -1,0 +1,379 @@
+"""The project on a real node: the kubelet built from the pinned module, containerd and runc,
+the gpushare device plugin (fake cards) and the operator; kube-controller-manager and
+kube-scheduler run beside the apiserver.
+
+What a user sees is asserted: pod phase and reason, the env inside a running container
+(`kubectl exec`), the device ids the kubelet writes into the pod's status, its checkpoint, and
+the GPUNode status. One cluster serves the module (three real nodes: the guide's and one with
+an 80 GiB card at 1 MiB per device, one at 64 MiB per device); each test removes its pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from cluster import create_pod, eventually, gpu_index, gpu_pod, read_pod
+from kubernetes_asyncio import client
+
+from gpushare import kube
+from gpushare.kube import raw_json
+from gpushare.model import contract
+from gpushare_harness.crds import install_project_at
+from gpushare_harness.operator import OperatorProcess
+from gpushare_harness.plugin import PluginProcess
+from gpushare_harness.realnode import RealCluster, RealNode, RealNodeError, check_prerequisites
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+EXAMPLES = Path(__file__).resolve().parents[4] / "manifests" / "examples"
+GUIDE_CARD = 11178
+SELECTED_ONLY = {"key": "gpushare.test/selected-only", "value": "true", "effect": "NoSchedule"}
+COARSE_UNIT = 64
+# One entry of a container's allocatedResourcesStatus ({"health": "Healthy", "resourceID":
+# "7-11177"}) as `kubectl get pod -o json` prints it, five indented lines: at most this many
+# bytes (about 170 for the guide's ids).
+BYTES_PER_DEVICE_ID = 200
+
+
+@dataclass
+class Node:
+    real: RealNode
+    plugin: PluginProcess
+    unit: int
+
+
+@dataclass
+class Cluster:
+    real: RealCluster
+    kubeconfig: Path
+    guide: Node
+    coarse: Node
+    wide: Node
+
+    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        assert self.real.plane is not None
+        kubectl = self.real.plane.binaries.kubectl
+        result = subprocess.run(
+            [str(kubectl), "--kubeconfig", str(self.kubeconfig), *args],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        if check:
+            assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
+        return result
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    try:
+        check_prerequisites()
+    except RealNodeError as error:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(error))
+    directory = tmp_path_factory.mktemp("real")
+    cluster = RealCluster(directory)
+    started: list[PluginProcess | OperatorProcess] = []
+    try:
+        cluster.start()
+        assert cluster.plane is not None
+        kubeconfig = cluster.plane.kubeconfig
+        install_project_at(kubeconfig)
+        nodes = []
+        for name, unit, cards in (
+            ("gpu-node-1", 1, "8x11178"),  # the guide's node
+            ("coarse-node", COARSE_UNIT, "1x81920,4x11178"),
+            ("wide-node", 1, "1x81920"),
+        ):
+            # Only pods that ask for the other nodes go there: the guide's pods stay unchanged.
+            taints = [] if name == "gpu-node-1" else [SELECTED_ONLY]
+            node = cluster.add_node(name, kubelet_config={"registerWithTaints": taints})
+            plugin = PluginProcess(
+                node=name,
+                kubeconfig=kubeconfig,
+                socket_dir=node.plugin_dir,
+                fake_gpus=cards,
+                log=directory / f"{name}-plugin.log",
+                env={"GPU_MEMORY_FACTOR": str(unit)},
+            )
+            started.append(plugin.start())
+            nodes.append(Node(node, plugin, unit))
+        operator = OperatorProcess(kubeconfig, directory / "operator.log")
+        started.append(operator.start())
+        yield Cluster(cluster, kubeconfig, *nodes)
+    finally:
+        for process in reversed(started):
+            process.stop()
+        for name, node in cluster.nodes.items():  # kept for a failure's reader
+            for log in ("kubelet.log", "containerd.log"):
+                with contextlib.suppress(OSError):
+                    shutil.copy(node.directory / log, directory / f"{name}-{log}")
+        cluster.stop()
+
+
+@pytest_asyncio.fixture
+async def core(real: Cluster) -> AsyncIterator[client.CoreV1Api]:
+    """The default namespace's API; every pod a test made is deleted after it."""
+    async with await kube.api_client(real.kubeconfig) as api:
+        core = client.CoreV1Api(api)
+        yield core
+        await core.delete_collection_namespaced_pod("default", grace_period_seconds=0)
+
+        async def gone() -> bool:
+            listed = await raw_json(core.list_namespaced_pod("default", _preload_content=False))
+            return not listed["items"]
+
+        await eventually(gone, timeout_s=60, what="the test's pods to be deleted")
+
+
+async def running(core: client.CoreV1Api, name: str, timeout_s: float = 60) -> dict[str, Any]:
+    async def probe() -> dict[str, Any] | None:
+        pod = await read_pod(core, name)
+        phase = pod["status"].get("phase")
+        assert phase != "Failed", f"{name} failed: {pod['status']}"
+        return pod if phase == "Running" else None
+
+    return await eventually(probe, timeout_s=timeout_s, what=f"{name} Running")
+
+
+async def exec_env(real: Cluster, pod: str, container: str | None = None) -> dict[str, str]:
+    """The env a process in the running container sees (`kubectl exec POD -- env`); retried
+    while a restarted kubelet has not yet synced the pod ("pod does not exist")."""
+    args = ["exec", pod, *(["-c", container] if container else []), "--", "env"]
+
+    async def attempt() -> subprocess.CompletedProcess[str] | None:
+        result = await asyncio.to_thread(real.kubectl, *args, check=False)
+        if result.returncode == 0:
+            return result
+        assert "pod does not exist" in result.stderr, result.stderr
+        return None
+
+    result = await eventually(attempt, what=f"kubectl exec {pod} -- env")
+    return dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+
+
+def gpu_env(env: dict[str, str]) -> dict[str, str]:
+    keys = (contract.ENV_VISIBLE_DEVICES, contract.ENV_GPU_ALLOCATED, contract.ENV_GPU_MEMORY_TOTAL)
+    return {key: env[key] for key in keys if key in env}
+
+
+def on(node: Node, name: str, mib: int, **spec: Any) -> dict[str, Any]:
+    """A pod of `mib` MiB for `node`, its limit written in the node's unit."""
+    selector = {"kubernetes.io/hostname": node.real.name}
+    toleration = {**SELECTED_ONLY, "operator": "Equal"}
+    return gpu_pod(
+        name,
+        math.ceil(mib / node.unit),
+        nodeSelector=selector,
+        tolerations=[toleration],
+        **spec,
+    )
+
+
+def guide_env(card: str | None, allocated: int) -> dict[str, str]:
+    assert card is not None
+    return {
+        contract.ENV_VISIBLE_DEVICES: card,
+        contract.ENV_GPU_ALLOCATED: str(allocated),
+        contract.ENV_GPU_MEMORY_TOTAL: str(GUIDE_CARD),
+    }
+
+
+def device_ids(pod: dict[str, Any], container: str = "cuda-container") -> list[str]:
+    """The gpu-memory device ids the kubelet wrote into the pod's status."""
+    for status in pod["status"].get("containerStatuses", []):
+        if status["name"] == container:
+            for resource in status.get("allocatedResourcesStatus", []):
+                if resource["name"] == contract.GPU_MEMORY:
+                    return [entry["resourceID"] for entry in resource["resources"]]
+    return []
+
+
+async def test_the_guides_pods_run_and_exec_shows_the_env_the_plugin_gave(
+    real: Cluster, core: client.CoreV1Api
+) -> None:
+    for name in ("gpu-pod1", "gpu-pod2"):
+        real.kubectl("apply", "-f", str(EXAMPLES / f"{name}.yaml"))  # the guide's, unchanged
+    for name in ("gpu-pod1", "gpu-pod2"):
+        pod = await running(core, name)
+        assert pod["spec"]["nodeName"] == "gpu-node-1"
+        assert gpu_index(pod) == "0"
+        assert gpu_env(await exec_env(real, name)) == guide_env("0", 1024)
+        # Kubernetes 1.36 writes every device id into the status (ResourceHealthStatus).
+        ids = device_ids(pod)
+        assert len(ids) == 1024
+        assert all(i.startswith("0-") for i in ids)
+
+    async def assigned() -> bool:
+        pod = await read_pod(core, "gpu-pod2")
+        return bool(pod["metadata"]["annotations"].get(contract.GPU_ASSIGNED) == "true")
+
+    await eventually(assigned, what="gpu-assigned written by the plugin")
+
+
+async def test_two_containers_and_an_init_container_each_see_their_share(
+    real: Cluster, core: client.CoreV1Api
+) -> None:
+    shared = {"name": "shared", "mountPath": "/shared"}
+    init = {
+        "name": "warmup",
+        "image": "nvidia/cuda:9.0-devel",
+        "command": ["sh", "-c", "env > /shared/warmup.env"],
+        "volumeMounts": [shared],
+        "resources": {"limits": {contract.GPU_MEMORY: "512"}},
+    }
+    second = {
+        "name": "second",
+        "image": "nvidia/cuda:9.0-devel",
+        "command": ["sleep", "100000"],
+        "resources": {"limits": {contract.GPU_MEMORY: "2048"}},
+    }
+    body = gpu_pod("two", 1024, extra_containers=[second], initContainers=[init])
+    body["spec"]["volumes"] = [{"name": "shared", "emptyDir": {}}]
+    body["spec"]["containers"][0]["volumeMounts"] = [shared]
+    await create_pod(core, body)
+    pod = await running(core, "two")
+    card = gpu_index(pod)
+    assert gpu_env(await exec_env(real, "two", "cuda-container")) == guide_env(card, 1024)
+    assert gpu_env(await exec_env(real, "two", "second")) == guide_env(card, 2048)
+    warmup = real.kubectl("exec", "two", "-c", "cuda-container", "--", "cat", "/shared/warmup.env")
+    init_env = dict(line.split("=", 1) for line in warmup.stdout.splitlines() if "=" in line)
+    assert gpu_env(init_env) == guide_env(card, 512)
+    assert len(device_ids(pod, "second")) == 2048
+
+
+async def test_a_kubelet_restart_keeps_running_pods_and_admits_new_ones(
+    real: Cluster, core: client.CoreV1Api
+) -> None:
+    # On the node of 64 MiB per device: at 1 MiB the restarted kubelet's device manager
+    # holds admissions for a long time (measured in bench/realnode.py).
+    node = real.coarse
+    await create_pod(core, on(node, "before", 4096))
+    before = await running(core, "before")
+    env_before = gpu_env(await exec_env(real, "before"))
+    container_before = before["status"]["containerStatuses"][0]["containerID"]
+    mark = len(node.plugin.log_events())
+    # From this thread: a child started from a worker thread dies with it (PDEATHSIG).
+    node.real.restart_kubelet()
+    await asyncio.to_thread(node.plugin.wait_logged, "re-registering", timeout_s=30, after=mark)
+    await asyncio.to_thread(node.plugin.wait_registered, after=mark)
+    # The running pod keeps its container, its card and its env.
+    after = await running(core, "before")
+    status = after["status"]["containerStatuses"][0]
+    assert status["containerID"] == container_before
+    assert status["restartCount"] == 0
+    assert gpu_env(await exec_env(real, "before")) == env_before
+    await create_pod(core, on(node, "after", 2048))
+    pod = await running(core, "after")
+    assert gpu_env(await exec_env(real, "after")) == guide_env(gpu_index(pod), 2048)
+
+
+async def test_a_device_plugin_restart_keeps_pods_and_serves_new_ones(
+    real: Cluster, core: client.CoreV1Api
+) -> None:
+    node = real.coarse
+    await create_pod(core, on(node, "kept", 1024))
+    await running(core, "kept")
+    node.plugin.stop()
+    node.plugin.start()
+    assert (await read_pod(core, "kept"))["status"]["phase"] == "Running"
+    await create_pod(core, on(node, "served", 3008))
+    pod = await running(core, "served")
+    assert gpu_env(await exec_env(real, "served")) == guide_env(gpu_index(pod), 3008)
+
+
+async def test_deleting_a_pod_releases_its_devices_in_the_checkpoint_and_the_gpunode(
+    real: Cluster, core: client.CoreV1Api
+) -> None:
+    node = real.coarse
+    for name, mib in (("kept", 1984), ("deleted", 3008)):
+        await create_pod(core, on(node, name, mib))
+        await running(core, name)
+    deleted_uid = (await read_pod(core, "deleted"))["metadata"]["uid"]
+    await core.delete_namespaced_pod("deleted", "default", grace_period_seconds=0)
+
+    async def gone() -> bool:
+        listed = await raw_json(core.list_namespaced_pod("default", _preload_content=False))
+        return all(p["metadata"]["name"] != "deleted" for p in listed["items"])
+
+    await eventually(gone, what="the deleted pod to go")
+    # The device manager drops a finished pod's devices at its next admission.
+    await create_pod(core, on(node, "next", 512))
+    await running(core, "next")
+
+    def checkpoint_mib() -> dict[str, int]:
+        data = json.loads(node.real.checkpoint.read_text())["Data"]
+        held: dict[str, int] = {}
+        for entry in data["PodDeviceEntries"] or []:
+            if entry["ResourceName"] == contract.GPU_MEMORY:
+                count = sum(len(ids) for ids in entry["DeviceIDs"].values())
+                held[entry["PodUID"]] = held.get(entry["PodUID"], 0) + count * node.unit
+        return held
+
+    async def agreed() -> dict[str, Any] | None:
+        gpunode = await raw_json(
+            client.CustomObjectsApi(core.api_client).get_cluster_custom_object(  # type: ignore[attr-defined]
+                "gpushare.io", "v1alpha1", "gpunodes", node.real.name, _preload_content=False
+            )
+        )
+        held = checkpoint_mib()
+        allocated = gpunode.get("status", {}).get("allocatedMiB")
+        return gpunode if allocated == sum(held.values()) == 1984 + 512 else None
+
+    await eventually(agreed, what="checkpoint and GPUNode status to agree on 1984 + 512 MiB")
+    assert deleted_uid not in checkpoint_mib()
+
+
+async def test_a_pod_that_bypasses_the_scheduler_is_refused_with_a_reason(
+    real: Cluster, core: client.CoreV1Api
+) -> None:
+    bypass = gpu_pod("bypass", 1024, scheduler="default-scheduler", nodeName="gpu-node-1")
+    await create_pod(core, bypass)
+
+    async def failed() -> dict[str, Any] | None:
+        pod = await read_pod(core, "bypass")
+        return pod if pod["status"].get("phase") == "Failed" else None
+
+    pod = await eventually(failed, timeout_s=60, what="the bypassing pod to be refused")
+    assert pod["status"]["reason"] == "UnexpectedAdmissionError"
+    assert "without volcano.sh/gpu-index" in pod["status"]["message"]
+
+
+@pytest.mark.parametrize("mib", [1024, 16384])
+async def test_the_pods_size_grows_with_its_device_ids_as_the_unit_makes_it(
+    real: Cluster, core: client.CoreV1Api, mib: int
+) -> None:
+    sizes = {}
+    for node in (real.wide, real.coarse):
+        name = f"size-{node.unit}"
+        limit = math.ceil(mib / node.unit)
+        await create_pod(core, on(node, name, mib))
+        await running(core, name)
+
+        async def recorded(pod: str = name, count: int = limit) -> dict[str, Any] | None:
+            found = await read_pod(core, pod)
+            return found if len(device_ids(found)) == count else None
+
+        await eventually(recorded, what=f"{limit} device ids in {name}'s status")
+        text = real.kubectl("get", "pod", name, "-o", "json").stdout
+        pod = json.loads(text)
+        for status in pod["status"]["containerStatuses"]:
+            status.pop("allocatedResourcesStatus", None)
+        bare = len(json.dumps(pod, indent=4))  # kubectl's own indentation
+        sizes[node.unit] = len(text.encode())
+        assert sizes[node.unit] <= bare + limit * BYTES_PER_DEVICE_ID
+    assert sizes[1] - sizes[COARSE_UNIT] >= (mib - mib // COARSE_UNIT) * 100
