@@ -1,9 +1,11 @@
 """The README's first command, end to end: `gpushare-dev demo` shows what the user guide
-shows, leaves the cluster running for kubectl, and `gpushare-dev down` stops all of it."""
+shows (the env through a real `kubectl exec` on a real node), leaves the cluster running for
+kubectl, and `gpushare-dev down` stops and removes all of it."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,8 @@ def test_the_demo_shows_the_guide_and_down_stops_everything(
         # The guide's node, its pods on card 0, the annotations and the env it documents.
         assert "gpu-node-1   89424        8" in out
         assert "gpu-pod1   1/1     Running" in out
+        assert out.count("$ kubectl exec gpu-pod") == 2  # a real exec into each container
+        assert out.count("HOSTNAME=gpu-pod") == 2
         assert out.count("VOLCANO_GPU_MEMORY_TOTAL=11178") == 2
         assert out.count("VOLCANO_GPU_ALLOCATED=1024") == 2
         assert out.count("NVIDIA_VISIBLE_DEVICES=0") == 2
@@ -43,11 +47,20 @@ def test_the_demo_shows_the_guide_and_down_stops_everything(
             ), f"{pod}: gpu-index 0 and gpu-assigned true not shown"
         assert "default/gpu-pod1, default/gpu-pod2" in out  # gpushare inspect -d
         assert f"export KUBECONFIG={directory / 'kubeconfig'}" in out
+        assert "export PATH=" in out  # kubectl, gpushare and kubectl gpushare
         state = json.loads((directory / "state.json").read_text())
-        pids = [*state["pids"].values(), *state["components"].values()]
-        assert len(pids) == 7
+        node_directory = Path(state["nodes"]["gpu-node-1"])
+        node = json.loads((node_directory / "node.json").read_text())
+        pids = [*state["pids"].values(), *state["components"].values(), *node["pids"].values()]
+        assert len(pids) == 4 + 4 + 3  # control plane, components, the real node's
         assert all(alive(pid) for pid in pids)  # left running for the person
+        bridge = state["network"]["bridge"]
     finally:
         down = dev("down", "--dir", str(directory))
     assert down.returncode == 0, down.stderr
     assert not any(alive(pid) for pid in pids)
+    assert not node_directory.exists()
+    links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True, check=True)
+    assert bridge not in links.stdout
+    mounts = Path("/proc/mounts").read_text()
+    assert str(node_directory) not in mounts
