@@ -1,9 +1,12 @@
-"""A real local Kubernetes control plane for development and tests.
+"""A real local Kubernetes cluster for development and tests.
 
-It builds kube-apiserver and etcd from the Go module proxy (harness/go, one pinned wrapper
-module), caches the binaries outside the repository, and starts both on free loopback ports
-with TLS, RBAC and an admin kubeconfig: what `kopf run` points at locally, and what the
-integration tests run against. Nothing here is imported by the operator or the plugin.
+It builds the control plane, the kubelet and its helpers from the Go module proxy
+(harness/go, one pinned wrapper module) and caches them outside the repository. It starts a
+bare apiserver (etcd and kube-apiserver on loopback: what `kopf run` points at locally and
+what the operator's tests run against), or a whole cluster with controllers and real nodes
+(`realnode`: the kubelet with containerd and runc), and fake GPU nodes whose kubelet is the
+kubelet's device manager alone (`kubelet`). Nothing here is imported by the operator or the
+plugin.
 """
 
 from gpushare_harness.binaries import Binaries, ensure_binaries

@@ -33,7 +33,7 @@ from kubernetes_asyncio import client
 from gpushare.kube import ApiError, api_client
 from gpushare_harness import demo
 from gpushare_harness.binaries import BuildError, cache_dir, ensure_binaries
-from gpushare_harness.controlplane import ControlPlane, ControlPlaneError, terminate
+from gpushare_harness.controlplane import ControlPlane, ControlPlaneError, alive, terminate
 from gpushare_harness.crds import install_project_at
 from gpushare_harness.kubelet import KubeletUnavailable
 from gpushare_harness.network import ClusterNetwork
@@ -100,17 +100,8 @@ def _state(directory: Path) -> dict[str, Any] | None:
     return state
 
 
-def _alive(pid: int) -> bool:
-    """Running, and not a zombie left for a parent that does not reap (PID 1 in containers)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
-
-
 def _running(state: dict[str, Any] | None) -> bool:
-    return state is not None and all(_alive(pid) for pid in state["pids"].values())
+    return state is not None and all(alive(pid) for pid in state["pids"].values())
 
 
 def _up(directory: Path) -> int:
@@ -199,9 +190,9 @@ def _stop(state: dict[str, Any]) -> None:
 def _end(pid: int) -> None:
     terminate(pid)
     deadline = time.monotonic() + 10
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if _alive(pid):
+    if alive(pid):
         terminate(pid, signal.SIGKILL)
 
 

@@ -388,6 +388,15 @@ def terminate(pid: int, signal_number: int = signal.SIGTERM) -> None:
         os.killpg(pid, signal_number)
 
 
+def alive(pid: int) -> bool:
+    """Running, and not a zombie left for a parent that does not reap (PID 1 in containers)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))

@@ -23,7 +23,8 @@ import secrets
 import shutil
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
+
+from gpushare_harness.controlplane import alive
 
 # Candidate subnets: 10.213.0.0/24 .. 10.213.255.0/24, skipping any in use on the machine.
 _POOL = ipaddress.IPv4Network("10.213.0.0/16")
@@ -122,7 +123,7 @@ def sweep() -> list[str]:
         if not alias.startswith(_ALIAS):
             continue
         pid = int(alias.removeprefix(_ALIAS))
-        if not Path(f"/proc/{pid}").exists():
+        if not alive(pid):
             with contextlib.suppress(NetworkError):
                 ip("link", "del", link["ifname"])
                 removed.append(link["ifname"])

@@ -43,7 +43,7 @@ from typing import Any
 import yaml
 
 from gpushare_harness.binaries import Binaries, cache_dir
-from gpushare_harness.controlplane import ControlPlane
+from gpushare_harness.controlplane import ControlPlane, alive
 from gpushare_harness.images import node_images
 from gpushare_harness.network import ClusterNetwork, ip
 from gpushare_harness.process import LoggedProcess
@@ -509,12 +509,9 @@ def _alive(pid: int, mark: str) -> bool:
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         cgroup = Path(f"/proc/{pid}/cgroup").read_text()
-        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    if stat.rpartition(")")[2].split()[0] == "Z":
-        return False
-    return mark in cmdline or mark in cgroup
+    return alive(pid) and (mark in cmdline or mark in cgroup)
 
 
 def _end(pid: int | None, mark: str, *, cgroup: bool = False) -> None:
