@@ -6,8 +6,11 @@ Full run (about 30 minutes on 2 cores): placement decisions/s (5,000 nodes x 8 c
 packing quality against the L2 bound; operator throughput and create-to-bound latency at
 200, 1,000 and 5,000 fake nodes x 8 cards against the raw Binding rate in the same run;
 operator start-up rebuild time and memory with 5,000 nodes and 50,000 pods; device-plugin
-Allocate latency with 500 pods on the node and the ListAndWatch message for 8 x 141 GiB.
-`--quick` runs each at a small size (a minute or two): CI runs it as a smoke test.
+Allocate latency with 500 pods on the node and the ListAndWatch message for 8 x 141 GiB; on
+real nodes (the kubelet, containerd, runc; root), the pod's size per device id, the largest
+pod that runs at 1 MiB per device and admission after a kubelet restart with 100 GPU pods.
+`--quick` runs each at a small size (a minute or two; the real node is left out): CI runs it
+as a smoke test.
 
 Each benchmark is its own script (bench/*.py, runnable alone) and its own process; this
 runner collects their JSON into `report.json`, with the machine it ran on, and draws
@@ -37,6 +40,7 @@ FULL: dict[str, list[list[str]]] = {
     "operator": [["--nodes", str(n), "--pods", "2000"] for n in (200, 1000, 5000)],
     "scale": [["--nodes", "5000", "--pods", "50000"]],
     "plugin": [["--pods", "500"]],
+    "realnode": [["--pods", "100"]],
 }
 QUICK: dict[str, list[list[str]]] = {
     "placement": [["--nodes", "200", "--pods", "1600", "--decisions", "2000"]],

@@ -27,6 +27,7 @@ namespaces, their mounts, veth and pod bridge vanish with the holder.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import shutil
@@ -192,9 +193,10 @@ class RealNode:
             f"--node-ip={self.address}",
             "--v=1",
         ]
+        since = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
         self.kubelet._spawn(argv, dict(os.environ))
         self._record()
-        self.wait_ready(timeout_s=timeout_s)
+        self.wait_ready(timeout_s=timeout_s, since=since)
 
     def stop_kubelet(self) -> None:
         self.kubelet.stop()
@@ -216,7 +218,10 @@ class RealNode:
     def __exit__(self, *_: object) -> None:
         self.stop()
 
-    def wait_ready(self, *, timeout_s: float = 120) -> dict[str, Any]:
+    def wait_ready(
+        self, *, timeout_s: float = 120, since: datetime.datetime | None = None
+    ) -> dict[str, Any]:
+        """The Node once Ready, by a heartbeat of this kubelet (at or after `since`)."""
         deadline = time.monotonic() + timeout_s
         last: object = "no Node yet"
         while time.monotonic() < deadline:
@@ -226,7 +231,10 @@ class RealNode:
                 node = self.plane_get(f"/api/v1/nodes/{self.name}")
                 conditions = {c["type"]: c for c in node["status"].get("conditions", [])}
                 ready = conditions.get("Ready", {})
-                if ready.get("status") == "True":
+                beat = datetime.datetime.fromisoformat(
+                    ready.get("lastHeartbeatTime", "1970-01-01T00:00:00Z")
+                )
+                if ready.get("status") == "True" and (since is None or beat >= since):
                     return node
                 last = ready.get("message") or ready
             except (urllib.error.URLError, OSError, KeyError, ValueError) as error:

@@ -377,3 +377,33 @@ async def test_the_pods_size_grows_with_its_device_ids_as_the_unit_makes_it(
         sizes[node.unit] = len(text.encode())
         assert sizes[node.unit] <= bare + limit * BYTES_PER_DEVICE_ID
     assert sizes[1] - sizes[COARSE_UNIT] >= (mib - mib // COARSE_UNIT) * 100
+
+
+async def test_pods_that_are_not_ours_are_made_placed_and_cleaned_up_by_the_control_plane(
+    real: Cluster, core: client.CoreV1Api
+) -> None:
+    """kube-controller-manager makes a Deployment's pods, kube-scheduler places them, the
+    kubelet runs them, and deleting their namespace removes them all."""
+    real.kubectl("create", "namespace", "plain")
+    real.kubectl(
+        "create", "deployment", "plain", "-n", "plain", "--replicas=2",
+        "--image=nvidia/cuda:9.0-devel", "--", "sleep", "100000",
+    )  # fmt: skip
+
+    async def both_running() -> list[dict[str, Any]] | None:
+        listed = await raw_json(core.list_namespaced_pod("plain", _preload_content=False))
+        pods = [p for p in listed["items"] if p["status"].get("phase") == "Running"]
+        return pods if len(pods) == 2 else None
+
+    pods = await eventually(both_running, timeout_s=60, what="the Deployment's two pods")
+    for pod in pods:
+        assert pod["spec"]["schedulerName"] == "default-scheduler"
+        assert pod["spec"]["nodeName"] == "gpu-node-1"  # the only node without a taint
+        assert pod["spec"]["serviceAccountName"] == "default"  # the ServiceAccount plugin
+    real.kubectl("delete", "namespace", "plain", "--wait=false")
+
+    async def namespace_gone() -> bool:
+        result = await asyncio.to_thread(real.kubectl, "get", "namespace", "plain", check=False)
+        return "NotFound" in result.stderr
+
+    await eventually(namespace_gone, timeout_s=90, what="the namespace and its pods to go")
