@@ -28,6 +28,7 @@ def test_the_demo_shows_the_guide_and_down_stops_everything(
     tmp_path: Path, control_plane: ControlPlane
 ) -> None:
     directory = tmp_path / "demo"
+    rules_before = host_iptables()
     shown = dev("demo", "--dir", str(directory))
     try:
         assert shown.returncode == 0, shown.stderr + shown.stdout
@@ -64,3 +65,11 @@ def test_the_demo_shows_the_guide_and_down_stops_everything(
     assert bridge not in links.stdout
     mounts = Path("/proc/mounts").read_text()
     assert str(node_directory) not in mounts
+    assert host_iptables() == rules_before  # the kubelet's chains lived in the node's namespace
+
+
+def host_iptables() -> list[str]:
+    """The host's iptables rules, without the comments and counters that change by
+    themselves."""
+    saved = subprocess.run(["iptables-save"], capture_output=True, text=True, check=True).stdout
+    return [line.split(" [")[0] for line in saved.splitlines() if not line.startswith("#")]

@@ -16,7 +16,10 @@ import json
 import math
 import os
 import shutil
+import ssl
 import subprocess
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -407,3 +410,34 @@ async def test_pods_that_are_not_ours_are_made_placed_and_cleaned_up_by_the_cont
         return "NotFound" in result.stderr
 
     await eventually(namespace_gone, timeout_s=90, what="the namespace and its pods to go")
+
+
+async def test_the_kubelet_answers_only_authenticated_and_authorized_callers(
+    real: Cluster,
+) -> None:
+    """No anonymous access to the kubelet's API; the apiserver's client certificate (exec,
+    logs) and the admin's are authorized through the apiserver (webhook)."""
+    await asyncio.to_thread(_kubelet_callers, real)
+
+
+def _kubelet_callers(real: Cluster) -> None:
+    plane = real.real.plane
+    assert plane is not None
+    assert plane.pki is not None
+    url = f"https://{real.guide.real.address}:10250/pods"
+    anonymous = ssl.create_default_context(cafile=str(plane.pki.ca_cert))
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url, context=anonymous, timeout=10)
+    assert refused.value.code == 401
+    # The kubelet's serving certificate is for its InternalIP, signed by the cluster CA.
+    admin = ssl.create_default_context(cafile=str(plane.pki.ca_cert))
+    admin.load_cert_chain(str(plane.pki.admin_cert), str(plane.pki.admin_key))
+    with urllib.request.urlopen(url, context=admin, timeout=10) as answer:
+        assert json.loads(answer.read())["kind"] == "PodList"
+    # A node's own identity may not read another node's kubelet.
+    node = ssl.create_default_context(cafile=str(plane.pki.ca_cert))
+    coarse = real.coarse.real.directory
+    node.load_cert_chain(str(coarse / "kubelet-client.crt"), str(coarse / "kubelet-client.key"))
+    with pytest.raises(urllib.error.HTTPError) as forbidden:
+        urllib.request.urlopen(url, context=node, timeout=10)
+    assert forbidden.value.code == 403
