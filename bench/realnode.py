@@ -55,13 +55,8 @@ class Bench:
 
     def node(self, name: str, cards: str, unit: int) -> RealNode:
         node = self.cluster.add_node(name)
-        plugin = PluginProcess(
-            node=name,
-            kubeconfig=self.kubeconfig,
-            socket_dir=node.plugin_dir,
-            fake_gpus=cards,
-            log=self.directory / f"{name}-plugin.log",
-            env={"GPU_MEMORY_FACTOR": str(unit)},
+        plugin = node.device_plugin(
+            cards, self.directory / f"{name}-plugin.log", env={"GPU_MEMORY_FACTOR": str(unit)}
         )
         self.plugins.append(plugin.start(timeout_s=120))
         return node

@@ -94,15 +94,7 @@ def start_components(cluster: RealCluster, pids: dict[str, int]) -> None:
     assert cluster.plane is not None
     directory, kubeconfig = cluster.directory, cluster.plane.kubeconfig
     name, cards = REAL_NODE
-    node = cluster.add_node(name)
-    plugin = PluginProcess(
-        node=name,
-        kubeconfig=kubeconfig,
-        socket_dir=node.plugin_dir,
-        fake_gpus=cards,
-        log=directory / f"{name}-device-plugin.log",
-        detached=True,
-    )
+    plugin = cluster.add_node(name).device_plugin(cards, directory / f"{name}-device-plugin.log")
     pids[f"{name}-device-plugin"] = plugin.start(timeout_s=60).pid
     name, cards = FAKE_NODE
     asyncio.run(_create_fake_node(kubeconfig, name))

@@ -47,6 +47,7 @@ from gpushare_harness.binaries import Binaries, cache_dir
 from gpushare_harness.controlplane import ControlPlane, alive
 from gpushare_harness.images import node_images
 from gpushare_harness.network import ClusterNetwork, ip
+from gpushare_harness.plugin import PluginProcess
 from gpushare_harness.process import LoggedProcess
 
 CNI_BIN = Path("/usr/lib/cni")
@@ -254,6 +255,21 @@ class RealNode:
         with urllib.request.urlopen(url, context=context, timeout=10) as answer:  # noqa: S310
             found: dict[str, Any] = json.loads(answer.read())
             return found
+
+    def device_plugin(
+        self, cards: str, log: Path, *, env: dict[str, str] | None = None
+    ) -> PluginProcess:
+        """The gpushare device plugin for this node on fake `cards` (not started): it runs on
+        the host and dials the node's kubelet.sock through the node's folder."""
+        return PluginProcess(
+            node=self.name,
+            kubeconfig=self.plane.kubeconfig,
+            socket_dir=self.plugin_dir,
+            fake_gpus=cards,
+            log=log,
+            env=env,
+            detached=self.detached,
+        )
 
     def ctr(self, *args: str) -> str:
         """`ctr` against this node's containerd (namespace k8s.io)."""

@@ -12,16 +12,9 @@ import pytest
 from cluster import dev
 
 from gpushare_harness import ControlPlane
+from gpushare_harness.controlplane import alive
 
 pytestmark = pytest.mark.integration
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def test_the_demo_shows_the_guide_and_down_stops_everything(

@@ -11,11 +11,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
 from gpushare_harness import network, realnode
+from gpushare_harness.controlplane import alive
 
 pytestmark = pytest.mark.integration
 
@@ -80,6 +82,12 @@ def test_a_crashed_runs_node_containers_and_bridge_are_removed_by_the_next_start
     assert containers  # the pause and the sleeping container
     assert _processes_naming(socket)  # their shims outlived the crash
 
+    # The crash takes the node's holder, containerd and kubelet with it (they die with their
+    # parent), a moment after the run itself.
+    holder = json.loads((node / "node.json").read_text())["pids"]["node namespaces"]
+    deadline = time.monotonic() + 10
+    while alive(holder) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert "crash-node" in realnode.sweep()
     assert left["bridge"] in network.sweep()
 

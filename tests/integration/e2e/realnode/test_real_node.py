@@ -105,13 +105,8 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             # Only pods that ask for the other nodes go there: the guide's pods stay unchanged.
             taints = [] if name == "gpu-node-1" else [SELECTED_ONLY]
             node = cluster.add_node(name, kubelet_config={"registerWithTaints": taints})
-            plugin = PluginProcess(
-                node=name,
-                kubeconfig=kubeconfig,
-                socket_dir=node.plugin_dir,
-                fake_gpus=cards,
-                log=directory / f"{name}-plugin.log",
-                env={"GPU_MEMORY_FACTOR": str(unit)},
+            plugin = node.device_plugin(
+                cards, directory / f"{name}-plugin.log", env={"GPU_MEMORY_FACTOR": str(unit)}
             )
             started.append(plugin.start())
             nodes.append(Node(node, plugin, unit))
@@ -428,6 +423,7 @@ def _kubelet_callers(real: Cluster) -> None:
     anonymous = ssl.create_default_context(cafile=str(plane.pki.ca_cert))
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(url, context=anonymous, timeout=10)
+    refused.value.close()
     assert refused.value.code == 401
     # The kubelet's serving certificate is for its InternalIP, signed by the cluster CA.
     admin = ssl.create_default_context(cafile=str(plane.pki.ca_cert))
@@ -440,4 +436,5 @@ def _kubelet_callers(real: Cluster) -> None:
     node.load_cert_chain(str(coarse / "kubelet-client.crt"), str(coarse / "kubelet-client.key"))
     with pytest.raises(urllib.error.HTTPError) as forbidden:
         urllib.request.urlopen(url, context=node, timeout=10)
+    forbidden.value.close()
     assert forbidden.value.code == 403
