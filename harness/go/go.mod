@@ -1,5 +1,7 @@
-// Wrapper module that builds the real Kubernetes control plane (kube-apiserver, etcd)
-// and, later, the kubelet device-manager harness from the Go module proxy.
+// Wrapper module that builds the real Kubernetes control plane (etcd, kube-apiserver,
+// kube-controller-manager, kube-scheduler), kubectl and the kubelet from the Go module proxy,
+// and our own kubelet-devices (the kubelet's device manager for fake nodes) and pause.
+// Each command built from a requirement is a `tool` below, so `go mod tidy` keeps what it needs.
 // k8s.io/kubernetes pins its staging modules to ./staging; consumers must pin them
 // to v0.<minor>.<patch> themselves (kubernetes/kubernetes#79384).
 module github.com/gpushare/gpushare/harness/go
@@ -234,5 +236,8 @@ replace (
 tool (
 	go.etcd.io/etcd/server/v3
 	k8s.io/kubernetes/cmd/kube-apiserver
+	k8s.io/kubernetes/cmd/kube-controller-manager
+	k8s.io/kubernetes/cmd/kube-scheduler
 	k8s.io/kubernetes/cmd/kubectl
+	k8s.io/kubernetes/cmd/kubelet
 )
