@@ -13,11 +13,11 @@ A pod's life here, as in kube-scheduler's cache::
 An assumed pod counts at once (GPU card, cpu, memory), so the next decision sees it before
 the watch does. A watch event that still shows an assumed pod unbound is stale and ignored.
 
-The exactness rule (DESIGN.md): the kubelet's Allocate names device ids, never the pod, so
-two pods on one node with the same request signature, both not yet `gpu-assigned`, must hold
-the same card; otherwise the device plugin could not tell them apart. `card_check` holds back
-other cards of that node for such a pod until the earlier one is assigned, or until
-`assignment_timeout_s` has passed (then it goes ahead, and says so).
+The exactness rule (docs/architecture.md, "The exactness rule"): the kubelet's Allocate names
+device ids, never the pod, so two pods on one node with the same request signature, both not
+yet `gpu-assigned`, must hold the same card; otherwise the device plugin could not tell them
+apart. `card_check` holds back other cards of that node for such a pod until the earlier one
+is assigned, or until `assignment_timeout_s` has passed (then it goes ahead, and says so).
 """
 
 from __future__ import annotations
