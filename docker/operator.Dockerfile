@@ -6,6 +6,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY core core
 COPY operator operator
+COPY cli cli
 COPY device_plugin device_plugin
 COPY harness harness
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .

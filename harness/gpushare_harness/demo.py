@@ -59,7 +59,7 @@ def kubectl(kubeconfig: Path, *args: str) -> str:
 def gpushare(kubeconfig: Path, *args: str) -> None:
     print(f"$ gpushare {' '.join(args)}", flush=True)
     result = subprocess.run(
-        [sys.executable, "-m", "gpushare_operator.cli", "--kubeconfig", str(kubeconfig), *args],
+        [sys.executable, "-m", "gpushare_cli", "--kubeconfig", str(kubeconfig), *args],
         capture_output=True,
         text=True,
         check=False,

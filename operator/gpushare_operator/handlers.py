@@ -23,7 +23,7 @@ from gpushare import kube, logs
 from gpushare.model import contract
 from gpushare.model.bodies import mapping
 from gpushare_operator.config import from_env
-from gpushare_operator.kubeapi import CONFIG_PLURAL, KubeSchedulerApi
+from gpushare_operator.kubeapi import KubeSchedulerApi
 from gpushare_operator.runtime import Runtime
 
 _RUNTIME = "gpushare"
@@ -80,7 +80,7 @@ async def cleanup(*, memo: Any, **_: Any) -> None:
         await api_client.close()
 
 
-@kopf.on.event(contract.INVENTORY_GROUP, contract.INVENTORY_VERSION, CONFIG_PLURAL)
+@kopf.on.event(contract.CONFIG_GROUP, contract.CONFIG_VERSION, contract.CONFIG_PLURAL)
 async def config_event(*, type: str, body: kopf.Body, memo: Any, **_: Any) -> None:
     state = runtime(memo)
     name = str(body.metadata.name)

@@ -20,7 +20,6 @@ from gpushare.model import PodRef, contract
 from gpushare.reflector import ListCall
 
 COMPONENT = "gpushare-scheduler"
-CONFIG_PLURAL = "gpushareconfigs"
 
 
 def now_rfc3339(micro: bool = False) -> str:
@@ -173,9 +172,9 @@ class KubeSchedulerApi:
         status = {"accepted": accepted, "message": message, "observedAt": now_rfc3339()}
         await raw_json(
             self._objects.patch_cluster_custom_object_status(
-                contract.INVENTORY_GROUP,
-                contract.INVENTORY_VERSION,
-                CONFIG_PLURAL,
+                contract.CONFIG_GROUP,
+                contract.CONFIG_VERSION,
+                contract.CONFIG_PLURAL,
                 name,
                 [{"op": "add", "path": "/status", "value": status}],
                 _preload_content=False,

@@ -16,7 +16,7 @@ import gc
 import time
 
 from gpushare import logs
-from gpushare.model import NodeName, PodUid
+from gpushare.model import NodeName, PodUid, contract
 from gpushare.model.bodies import Body, path, text
 from gpushare.reflector import Reflector, name_of
 from gpushare_operator.cache import PodChange, SchedulerCache, slim_node, slim_pod
@@ -28,8 +28,6 @@ from gpushare_operator.queue import SchedulingQueue
 from gpushare_operator.reporting import Reporter
 from gpushare_operator.scheduler import Scheduler
 from gpushare_operator.status import StatusWriter
-
-LIVE_CONFIG_NAME = "default"
 
 
 def release_memory() -> None:
@@ -298,8 +296,9 @@ class Runtime:
 
     async def apply_config(self, kind: str | None, name: str, spec: Body) -> tuple[bool, str]:
         """Apply a GPUShareConfig; returns (accepted, message) for its status."""
-        if name != LIVE_CONFIG_NAME:
-            return False, f"ignored: only the GPUShareConfig named {LIVE_CONFIG_NAME!r} is read"
+        live = contract.LIVE_CONFIG_NAME
+        if name != live:
+            return False, f"ignored: only the GPUShareConfig named {live!r} is read"
         try:
             config = self.base_config if kind == "DELETED" else with_live(self.base_config, spec)
         except ConfigError as error:

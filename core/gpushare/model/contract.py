@@ -1,7 +1,7 @@
 """Every exact string shared with Volcano's GPU Sharing and with our own resources.
 
 These names are the wire contract: a workload written for Volcano must run unchanged, so none
-of them may change. See DESIGN.md, "Compatibility contract".
+of them may change. See docs/contract.md.
 """
 
 from __future__ import annotations
@@ -39,6 +39,14 @@ INVENTORY_GROUP: Final = "gpushare.io"
 INVENTORY_VERSION: Final = "v1alpha1"
 INVENTORY_PLURAL: Final = "gpunodes"
 INVENTORY_KIND: Final = "GPUNode"
+
+# Our live configuration custom resource: cluster-scoped; the operator reads only the one
+# named LIVE_CONFIG_NAME and writes its status, the CLI reads it to decide as the operator does.
+CONFIG_GROUP: Final = INVENTORY_GROUP
+CONFIG_VERSION: Final = INVENTORY_VERSION
+CONFIG_PLURAL: Final = "gpushareconfigs"
+CONFIG_KIND: Final = "GPUShareConfig"
+LIVE_CONFIG_NAME: Final = "default"
 
 # Card health, spelled as the kubelet device-plugin API spells device health.
 HEALTHY: Final = "Healthy"

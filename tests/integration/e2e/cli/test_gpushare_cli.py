@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
 def gpushare(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gpushare_operator.cli", "--kubeconfig", str(kubeconfig), *args],
+        [sys.executable, "-m", "gpushare_cli", "--kubeconfig", str(kubeconfig), *args],
         capture_output=True,
         text=True,
         check=False,

@@ -1,0 +1,5 @@
+import sys
+
+from gpushare_cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,154 @@
+"""What the CLI reads: the cluster in one pass (nodes, pods, GPUNodes and the live
+GPUShareConfig), and a Pod manifest for `simulate`.
+
+Each kind is listed in pages (`gpushare.reflector.list_pages`, as the operator lists it), and
+each read is tried again for a few seconds while the apiserver asks to wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import sys
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import yaml
+from kubernetes_asyncio import client
+from kubernetes_asyncio.config import ConfigException
+
+from gpushare import kube
+from gpushare.kube import ApiError
+from gpushare.model import contract
+from gpushare.model.bodies import Body, path
+from gpushare.reflector import Item, ListCall, WatchExpired, list_pages
+from gpushare_cli.errors import CliError
+from gpushare_operator.config import ConfigError, OperatorConfig, from_env, with_live
+
+READ_ATTEMPTS = 8  # about 10 s of waiting
+RETRY_STATUSES = frozenset({429, 503})  # the apiserver is starting or overloaded
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    nodes: list[Item]
+    gpunodes: list[Item]
+    pods: list[Item]
+    config: OperatorConfig
+    """The operator's: its environment's values (this process's), with the live
+    GPUShareConfig applied when it is valid."""
+
+
+async def read_cluster(kubeconfig: Path | None) -> Cluster:
+    try:
+        async with await kube.api_client(kubeconfig) as api:
+            core = client.CoreV1Api(api)
+            objects = client.CustomObjectsApi(api)
+            nodes = await list_all(core.list_node)
+            pods = await list_all(core.list_pod_for_all_namespaces)
+            gpunodes = await list_all(
+                functools.partial(
+                    objects.list_cluster_custom_object,
+                    contract.INVENTORY_GROUP,
+                    contract.INVENTORY_VERSION,
+                    contract.INVENTORY_PLURAL,
+                ),
+                optional=True,
+            )
+            live: Item = await _read(
+                lambda: kube.raw_json(
+                    objects.get_cluster_custom_object(
+                        contract.CONFIG_GROUP,
+                        contract.CONFIG_VERSION,
+                        contract.CONFIG_PLURAL,
+                        contract.LIVE_CONFIG_NAME,
+                        _preload_content=False,
+                    )
+                ),
+                absent={},
+            )
+    except (aiohttp.ClientError, OSError, TimeoutError) as error:
+        raise CliError(
+            f"cannot reach the cluster ({error}); check KUBECONFIG or --kubeconfig"
+        ) from error
+    except ConfigException as error:
+        raise CliError(f"no usable kubeconfig ({error}); set KUBECONFIG or --kubeconfig") from error
+    except ApiError as error:
+        raise CliError(f"the cluster refused to list nodes and pods: {error}") from error
+    return Cluster(nodes=nodes, gpunodes=gpunodes, pods=pods, config=_config(live))
+
+
+async def list_all(call: ListCall, *, optional: bool = False) -> list[Item]:
+    """Every object `call` lists, page by page; with `optional`, a 404 (the CRD is not
+    installed) lists as empty."""
+
+    async def listing() -> list[Item]:
+        items: list[Item] = []
+        async for page, _version in list_pages(call):
+            items.extend(page)
+        return items
+
+    return await _read(listing, absent=[] if optional else None)
+
+
+async def _read(read: Callable[[], Awaitable[_T]], *, absent: _T | None = None) -> _T:
+    """`read()`, tried again for a few seconds while the apiserver asks to wait (429, 503)
+    and from the first page when a LIST's continue token expired (410); `absent`, when
+    given, is what a 404 reads as (no CRDs, no live config)."""
+    delay = 0.25
+    for attempt in range(1, READ_ATTEMPTS + 1):
+        try:
+            return await read()
+        except WatchExpired as expired:
+            if attempt == READ_ATTEMPTS:
+                raise ApiError(410, str(expired)) from expired
+        except ApiError as error:
+            if absent is not None and error.status == 404:
+                return absent
+            if error.status not in RETRY_STATUSES or attempt == READ_ATTEMPTS:
+                raise
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _config(live: Body) -> OperatorConfig:
+    """What the operator decides with: its environment, with the live spec applied."""
+    config = from_env()
+    spec = path(live, "spec")
+    if spec:
+        # The operator refuses an invalid one too, and keeps its environment's values.
+        with contextlib.suppress(ConfigError):
+            config = with_live(config, spec)
+    return config
+
+
+def load_pod(file: str) -> dict[str, Any]:
+    """The Pod manifest in `file` (- for stdin) as the scheduler would first see it:
+    pending, in a namespace, with a uid, on no node."""
+    try:
+        text_in = sys.stdin.read() if file == "-" else Path(file).read_text()
+        body = yaml.safe_load(text_in)
+    except OSError as error:
+        raise CliError(f"cannot read {file}: {error}", status=2) from error
+    except yaml.YAMLError as error:
+        raise CliError(f"{file} is not valid YAML: {error}", status=2) from error
+    if not isinstance(body, dict) or body.get("kind") != "Pod":
+        raise CliError(f"{file} must hold one Pod manifest (kind: Pod)", status=2)
+    meta = body.setdefault("metadata", {})
+    if not isinstance(meta, dict):
+        raise CliError(f"{file}: metadata must be a mapping", status=2)
+    meta.setdefault("namespace", "default")
+    meta.setdefault("uid", f"simulated-{uuid.uuid4()}")
+    body.setdefault("status", {"phase": "Pending"})
+    spec = body.get("spec")
+    if not isinstance(spec, dict) or not isinstance(spec.get("containers"), list):
+        raise CliError(f"{file}: spec.containers is missing", status=2)
+    spec.pop("nodeName", None)
+    return body

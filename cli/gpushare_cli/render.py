@@ -1,0 +1,169 @@
+"""The CLI's reports as people read them (tables) and as programs do (`-o json`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gpushare.model import GpuKind, Placement, contract
+from gpushare.model.diagnosis import format_amount
+from gpushare_cli.report import Bound, CardReport, Explanation, NodeReport, Placeable
+
+# -- inspect ---------------------------------------------------------------------------------
+
+
+def inspect_json(report: Sequence[NodeReport]) -> list[dict[str, Any]]:
+    return [
+        {
+            "node": node.node,
+            "source": node.source.value,
+            "unitMiB": node.unit_mib,
+            "usedMiB": node.used_mib,
+            "totalMiB": node.total_mib,
+            "cards": [
+                {
+                    "index": card.index,
+                    "model": card.model,
+                    "uuid": card.uuid,
+                    "health": _health(card),
+                    "usedMiB": card.used_mib,
+                    "totalMiB": card.total_mib,
+                    "pods": list(card.pods),
+                }
+                for card in node.cards
+            ],
+        }
+        for node in report
+    ]
+
+
+def render_inspect(report: Sequence[NodeReport], detail: bool) -> str:
+    if not report:
+        return "no GPU nodes"
+    if detail:
+        rows = [("NODE", "CARD", "MODEL", "USED/TOTAL MiB", "HEALTH", "PODS")]
+        for node in report:
+            for i, card in enumerate(node.cards):
+                rows.append(
+                    (
+                        node.node if i == 0 else "",
+                        str(card.index),
+                        card.model,
+                        f"{card.used_mib}/{card.total_mib}",
+                        _health(card),
+                        ", ".join(card.pods) or "-",
+                    )
+                )
+            rows.append(("", "total", "", f"{node.used_mib}/{node.total_mib}", "", ""))
+        return table(rows)
+    most = max(len(node.cards) for node in report)
+    head = ("NODE", *(f"GPU{i}(Used/Total)" for i in range(most)), "GPU MEMORY MiB")
+    lines: list[tuple[str, ...]] = [head]
+    for node in report:
+        cells = [
+            f"{card.used_mib}/{card.total_mib}" + ("" if card.healthy else "!")
+            for card in node.cards
+        ]
+        cells += [""] * (most - len(cells))
+        lines.append((node.node, *cells, f"{node.used_mib}/{node.total_mib}"))
+    used = sum(node.used_mib for node in report)
+    total = sum(node.total_mib for node in report)
+    share = f"{100 * used // total}%" if total else "0%"
+    return (
+        table(lines)
+        + f"\nallocated/total GPU memory in the cluster: {used}/{total} MiB ({share})"
+        + (
+            "\n(! marks an unhealthy card)"
+            if any(not card.healthy for node in report for card in node.cards)
+            else ""
+        )
+    )
+
+
+def _health(card: CardReport) -> str:
+    return contract.HEALTHY if card.healthy else contract.UNHEALTHY
+
+
+# -- explain and simulate --------------------------------------------------------------------
+
+
+def explain_json(report: Explanation) -> dict[str, Any]:
+    shown: dict[str, Any] = {"pod": report.pod, "schedulerName": report.scheduler_name}
+    outcome = report.outcome
+    if isinstance(outcome, Bound):
+        shown.update(
+            state=outcome.state.value,
+            node=outcome.node,
+            card=outcome.card,
+            assigned=outcome.assigned,
+            phase=outcome.phase,
+        )
+        return shown
+    if report.note is not None:
+        shown["note"] = report.note
+    if report.pod_scheduled is not None:
+        shown["schedulerSays"] = report.pod_scheduled.get("message")
+    shown.update(policy=outcome.policy.value, state=outcome.state.value)
+    if isinstance(outcome, Placeable):
+        shown["node"] = outcome.node
+        if outcome.placement is not None:
+            shown["cards"] = list(outcome.placement.cards)
+            shown["freeLeft"] = free_left(outcome.placement)
+        return shown
+    shown["reason"] = outcome.reason
+    shown["nodes"] = [
+        {
+            "node": verdict.node,
+            "problem": verdict.label,
+            "cards": [str(card) for card in verdict.cards],
+        }
+        for verdict in outcome.nodes
+    ]
+    return shown
+
+
+def render_explain(report: Explanation) -> str:
+    lines = [f"pod {report.pod} (schedulerName {report.scheduler_name})"]
+    if report.note:
+        lines.append(f"note: {report.note}")
+    outcome = report.outcome
+    if isinstance(outcome, Bound):
+        assigned = "served by the device plugin" if outcome.assigned else "not yet started"
+        lines.append(
+            f"bound to {outcome.node}, card {outcome.card or '-'}; {assigned}; "
+            f"phase {outcome.phase}"
+        )
+        return "\n".join(lines)
+    if report.pod_scheduled is not None and (says := report.pod_scheduled.get("message")):
+        lines.append(f"the scheduler says: {says}")
+    if isinstance(outcome, Placeable):
+        where: str = outcome.node
+        if (placement := outcome.placement) is not None:
+            cards = ",".join(map(str, placement.cards))
+            where += f" card {cards} ({free_left(placement)} left)"
+        lines.append(f"{outcome.state.value} ({outcome.policy.value}): {where}")
+        return "\n".join(lines)
+    lines.append(f"{outcome.state.value}: {outcome.reason}")
+    if outcome.nodes:
+        rows = [("NODE", "WHY NOT", "CARDS")]
+        rows += [
+            (verdict.node, verdict.label, "; ".join(map(str, verdict.cards)) or "-")
+            for verdict in outcome.nodes
+        ]
+        lines.append(table(rows))
+    return "\n".join(lines)
+
+
+def free_left(placement: Placement) -> str:
+    """What the placement leaves free: memory on its card, or idle cards on its node."""
+    if placement.kind is GpuKind.MEMORY:
+        return format_amount(placement.free_after, placement.unit_mib)
+    return f"{placement.free_after} idle cards"
+
+
+def table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )

@@ -1,0 +1,262 @@
+"""What the CLI reports, built from the model: the cards of each GPU node (`inspect`), and
+where a pod is, or would go now, and why not (`explain`, `simulate`).
+
+The answers come from the operator's own cache and decision (`gpushare_operator.decision.plan`)
+fed with what `read` listed, so the CLI says what the scheduler would. Reports are typed;
+`render` writes them as text or JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, TypeAlias
+
+from gpushare.model import (
+    CardIndex,
+    CardUsage,
+    GpuShareError,
+    InventorySource,
+    NodeName,
+    NodeUsage,
+    NodeVerdict,
+    Placement,
+    Policy,
+    contract,
+    diagnose,
+    gpu_request,
+)
+from gpushare.model.bodies import Body, annotations_of, path, text
+from gpushare.model.filters import pod_needs
+from gpushare_cli.errors import CliError
+from gpushare_cli.read import Cluster
+from gpushare_operator.cache import SchedulerCache
+from gpushare_operator.decision import Plan, plan
+
+
+def build_cache(cluster: Cluster) -> SchedulerCache:
+    cache = SchedulerCache(
+        scheduler_names=cluster.config.scheduler_names,
+        assignment_timeout_s=cluster.config.assignment_timeout_s,
+    )
+    for node in cluster.nodes:
+        cache.observe_node(node)
+    for resource in cluster.gpunodes:
+        cache.observe_gpunode(resource)
+    for pod in cluster.pods:
+        cache.observe_pod(pod)
+    return cache
+
+
+# -- inspect ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CardReport:
+    index: CardIndex
+    model: str
+    uuid: str
+    healthy: bool
+    used_mib: int
+    total_mib: int
+    pods: tuple[str, ...]
+    """The pods holding the card, as namespace/name, sorted."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NodeReport:
+    node: NodeName
+    source: InventorySource
+    unit_mib: int
+    cards: tuple[CardReport, ...]
+    """By index."""
+
+    @property
+    def used_mib(self) -> int:
+        return sum(card.used_mib for card in self.cards)
+
+    @property
+    def total_mib(self) -> int:
+        return sum(card.total_mib for card in self.cards)
+
+
+def inspect(cluster: Cluster, node: str | None) -> list[NodeReport]:
+    """Every GPU node by name, or only `node`; CliError when it is unknown or has no GPU."""
+    ledger = build_cache(cluster).ledger
+    names = sorted(ledger.nodes())
+    if node is not None:
+        wanted = NodeName(node)
+        if wanted not in ledger.nodes():
+            if wanted not in ledger.nodes_without_gpu():
+                raise CliError(f"node {node} not found")
+            problem = ledger.nodes_without_gpu()[wanted]
+            raise CliError(f"node {node} has no GPU" + (f": {problem}" if problem else ""))
+        names = [wanted]
+    return [_node_report(ledger.nodes()[name]) for name in names]
+
+
+def _node_report(usage: NodeUsage) -> NodeReport:
+    unit = usage.inventory.unit_mib
+    return NodeReport(
+        node=usage.inventory.node,
+        source=usage.inventory.source,
+        unit_mib=unit,
+        cards=tuple(
+            CardReport(
+                index=index,
+                model=held.card.model or "",
+                uuid=held.card.uuid or "",
+                healthy=held.card.healthy,
+                used_mib=_held_units(held) * unit,
+                total_mib=held.card.memory * unit,
+                pods=tuple(sorted(str(pod) for pod in held.pods.values())),
+            )
+            for index, held in sorted(usage.cards.items())
+        ),
+    )
+
+
+def _held_units(card: CardUsage) -> int:
+    """Units held on `card`, counted as its GPUNode status counts them
+    (gpushare.model.status): the whole card while a gpu-number pod holds it, never more
+    than the card (forged annotations can overcommit it)."""
+    return card.card.memory if card.exclusive else min(card.used, card.card.memory)
+
+
+# -- explain and simulate --------------------------------------------------------------------
+
+
+class State(StrEnum):
+    BOUND = "bound"
+    PLACEABLE = "placeable now"
+    WOULD_BE_PLACED = "would be placed now"
+    UNPLACEABLE = "cannot be placed now"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Bound:
+    """The pod has a node: where, and whether the device plugin has served it."""
+
+    node: str
+    card: str | None
+    """The pod's gpu-index annotation, as written."""
+    assigned: bool
+    phase: str | None
+
+    @property
+    def state(self) -> State:
+        return State.BOUND
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Placeable:
+    """Where the scheduler would put the pod now."""
+
+    policy: Policy
+    node: NodeName
+    placement: Placement | None
+    """None for a pod that asks for no GPU."""
+    simulated: bool
+
+    @property
+    def state(self) -> State:
+        return State.WOULD_BE_PLACED if self.simulated else State.PLACEABLE
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Unplaceable:
+    """Why the pod fits nowhere now, node by node (no verdicts when its request cannot be
+    read or it asks for no GPU)."""
+
+    policy: Policy
+    reason: str
+    nodes: tuple[NodeVerdict, ...]
+
+    @property
+    def state(self) -> State:
+        return State.UNPLACEABLE
+
+
+Outcome: TypeAlias = Bound | Placeable | Unplaceable
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Explanation:
+    pod: str
+    """namespace/name"""
+    scheduler_name: str
+    outcome: Outcome
+    note: str | None = None
+    """Why the operator will not place the pod at all (another scheduler's)."""
+    pod_scheduled: Mapping[str, Any] | None = None
+    """The pod's PodScheduled condition: its message is what the scheduler said last."""
+
+
+def find_pod(cluster: Cluster, name: str, namespace: str) -> Body:
+    for pod in cluster.pods:
+        meta = path(pod, "metadata")
+        if meta.get("name") == name and meta.get("namespace") == namespace:
+            return pod
+    raise CliError(f"pod {namespace}/{name} not found")
+
+
+def explain(cluster: Cluster, pod: Body, *, simulated: bool = False) -> Explanation:
+    """Where `pod` is, or would go now, and why; card by card when it cannot go anywhere."""
+    meta = path(pod, "metadata")
+    name = f"{text(meta.get('namespace')) or 'default'}/{text(meta.get('name')) or '<unnamed>'}"
+    scheduler = text(path(pod, "spec").get("schedulerName")) or "default-scheduler"
+    node = text(path(pod, "spec").get("nodeName"))
+    if not simulated and node:
+        annotations = annotations_of(pod)
+        bound = Bound(
+            node=node,
+            card=annotations.get(contract.GPU_INDEX),
+            assigned=annotations.get(contract.GPU_ASSIGNED) == contract.GPU_ASSIGNED_TRUE,
+            phase=text(path(pod, "status").get("phase")),
+        )
+        return Explanation(pod=name, scheduler_name=scheduler, outcome=bound)
+    config = cluster.config
+    note = None
+    if scheduler not in config.scheduler_names:
+        note = (
+            f"spec.schedulerName {scheduler!r} is not one the gpushare operator serves "
+            f"({', '.join(sorted(config.scheduler_names))}): it will not place this pod"
+        )
+    condition = None if simulated else _pod_scheduled(pod)
+    cache = build_cache(cluster)
+    decided = plan(cache, pod, config.policy)
+    outcome: Outcome
+    if isinstance(decided, Plan):
+        outcome = Placeable(
+            policy=config.policy,
+            node=decided.node,
+            placement=decided.placement,
+            simulated=simulated,
+        )
+    else:
+        outcome = Unplaceable(
+            policy=config.policy, reason=decided.message, nodes=_verdicts(cache, pod)
+        )
+    return Explanation(
+        pod=name, scheduler_name=scheduler, outcome=outcome, note=note, pod_scheduled=condition
+    )
+
+
+def _pod_scheduled(pod: Body) -> Mapping[str, Any] | None:
+    found = None
+    for condition in path(pod, "status").get("conditions") or []:
+        if isinstance(condition, dict) and condition.get("type") == "PodScheduled":
+            found = condition
+    return found
+
+
+def _verdicts(cache: SchedulerCache, pod: Body) -> tuple[NodeVerdict, ...]:
+    try:
+        request = gpu_request(pod)
+        needs = pod_needs(pod)
+    except GpuShareError:
+        return ()
+    if request.kind is None:
+        return ()
+    return diagnose(cache.ledger, request, cache.node_check(needs), cache.card_check(request)).nodes
