@@ -278,6 +278,9 @@ class ControlPlane:
                 with urllib.request.urlopen(url, context=context, timeout=5) as answer:  # noqa: S310
                     if answer.status == 200:
                         return
+            except urllib.error.HTTPError as error:  # e.g. 404 until the object exists
+                error.close()
+                last_error = str(error)
             except (urllib.error.URLError, OSError) as error:
                 last_error = str(error)
             time.sleep(0.25)

@@ -238,6 +238,9 @@ class RealNode:
                 if ready.get("status") == "True" and (since is None or beat >= since):
                     return node
                 last = ready.get("message") or ready
+            except urllib.error.HTTPError as error:  # 404 until the kubelet registers
+                error.close()
+                last = error
             except (urllib.error.URLError, OSError, KeyError, ValueError) as error:
                 last = error
             time.sleep(0.5)
@@ -490,9 +493,8 @@ def sweep() -> list[str]:
             state = json.loads(entry.read_text())
             holder = state["pids"].get("node namespaces")
             if holder is None or not _alive(holder, _HOLDER_MARK):
-                cleanup(Path(state["directory"]))
+                cleanup(Path(state["directory"]))  # removes the entry too
                 cleaned.append(state["name"])
-            entry.unlink(missing_ok=True)
     return cleaned
 
 
@@ -500,11 +502,9 @@ def cleanup(directory: Path) -> None:
     """Stop everything of the node in `directory` (running or left by a crash) and remove
     its containers' cgroups and its folder."""
     state_file = directory / "node.json"
-    if not state_file.is_file():
-        shutil.rmtree(directory, ignore_errors=True)
-        return
-    state = json.loads(state_file.read_text())
-    pids: dict[str, int] = state["pids"]
+    pids: dict[str, int] = (
+        json.loads(state_file.read_text())["pids"] if state_file.is_file() else {}
+    )
     _end(pids.get("kubelet"), str(directory))
     bundles = directory / "containerd" / "state" / "io.containerd.runtime.v2.task" / "k8s.io"
     ids = sorted(p.name for p in bundles.iterdir()) if bundles.is_dir() else []
