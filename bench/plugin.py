@@ -37,6 +37,7 @@ from kubernetes_asyncio import client
 
 from gpushare import kube, logs
 from gpushare.model import contract
+from gpushare.model.annotations import gpu_assigned
 from gpushare.model.devices import KUBELET_MESSAGE_LIMIT, smallest_fitting_unit
 from gpushare.model.request import GpuKind
 from gpushare_harness import ControlPlane, FakeGpuNode, create_gpu_node
@@ -182,9 +183,7 @@ async def allocate_latency(pods: int, workdir: Path) -> dict[str, Any]:
                     core.list_namespaced_pod("default", _preload_content=False)
                 )
                 assigned = sum(
-                    1
-                    for p in listed["items"]
-                    if p["metadata"].get("annotations", {}).get(contract.GPU_ASSIGNED) == "true"
+                    1 for p in listed["items"] if gpu_assigned(p["metadata"].get("annotations", {}))
                 )
             finally:
                 plugin.stop()

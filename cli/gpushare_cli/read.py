@@ -1,13 +1,13 @@
 """What the CLI reads: the cluster in one pass (nodes, pods, GPUNodes and the live
 GPUShareConfig), and a Pod manifest for `simulate`.
 
-Each kind is listed in pages (`gpushare.reflector.list_pages`, as the operator lists it), and
-each read is tried again for a few seconds while the apiserver asks to wait.
+Each kind is listed in pages (`gpushare.kube.reflector.list_pages`, as the operator lists
+it), and each read is tried again for a few seconds while the apiserver asks to wait
+(`gpushare.kube.retry`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import sys
@@ -24,13 +24,15 @@ from kubernetes_asyncio.config import ConfigException
 
 from gpushare import kube
 from gpushare.kube import ApiError
+from gpushare.kube.reflector import Item, ListCall, WatchExpired, list_pages
+from gpushare.kube.retry import Backoff, retry
 from gpushare.model import contract
 from gpushare.model.bodies import Body, path
-from gpushare.reflector import Item, ListCall, WatchExpired, list_pages
 from gpushare_cli.errors import CliError
 from gpushare_operator.config import ConfigError, OperatorConfig, from_env, with_live
 
 READ_ATTEMPTS = 8  # about 10 s of waiting
+READ_BACKOFF = Backoff(initial_s=0.25, max_s=2.0)
 RETRY_STATUSES = frozenset({429, 503})  # the apiserver is starting or overloaded
 _T = TypeVar("_T")
 
@@ -101,21 +103,21 @@ async def _read(read: Callable[[], Awaitable[_T]], *, absent: _T | None = None) 
     """`read()`, tried again for a few seconds while the apiserver asks to wait (429, 503)
     and from the first page when a LIST's continue token expired (410); `absent`, when
     given, is what a 404 reads as (no CRDs, no live config)."""
-    delay = 0.25
-    for attempt in range(1, READ_ATTEMPTS + 1):
-        try:
-            return await read()
-        except WatchExpired as expired:
-            if attempt == READ_ATTEMPTS:
-                raise ApiError(410, str(expired)) from expired
-        except ApiError as error:
-            if absent is not None and error.status == 404:
-                return absent
-            if error.status not in RETRY_STATUSES or attempt == READ_ATTEMPTS:
-                raise
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 2.0)
-    raise AssertionError("unreachable: the last attempt returns or raises")
+    try:
+        return await retry(read, retryable=_busy, backoff=READ_BACKOFF, attempts=READ_ATTEMPTS)
+    except WatchExpired as expired:
+        raise ApiError(410, str(expired)) from expired
+    except ApiError as error:
+        if absent is not None and error.status == 404:
+            return absent
+        raise
+
+
+def _busy(error: Exception) -> bool:
+    """The apiserver asks to wait, or a LIST is to start over."""
+    return isinstance(error, WatchExpired) or (
+        isinstance(error, ApiError) and error.status in RETRY_STATUSES
+    )
 
 
 def _config(live: Body) -> OperatorConfig:

@@ -27,6 +27,7 @@ from gpushare.model import (
     diagnose,
     gpu_request,
 )
+from gpushare.model.annotations import gpu_assigned
 from gpushare.model.bodies import Body, annotations_of, path, text
 from gpushare.model.filters import pod_needs
 from gpushare_cli.errors import CliError
@@ -212,7 +213,7 @@ def explain(cluster: Cluster, pod: Body, *, simulated: bool = False) -> Explanat
         bound = Bound(
             node=node,
             card=annotations.get(contract.GPU_INDEX),
-            assigned=annotations.get(contract.GPU_ASSIGNED) == contract.GPU_ASSIGNED_TRUE,
+            assigned=gpu_assigned(annotations),
             phase=text(path(pod, "status").get("phase")),
         )
         return Explanation(pod=name, scheduler_name=scheduler, outcome=bound)

@@ -18,6 +18,7 @@ import aiohttp
 
 from gpushare import logs
 from gpushare.kube import ApiError
+from gpushare.kube.retry import Backoff
 from gpushare.model import contract
 from gpushare.model.allocation import (
     ContainerGrant,
@@ -36,6 +37,7 @@ from gpushare_plugin.podcache import PodCache
 
 _ASSIGN_ATTEMPTS = 3
 _UNREACHABLE_ATTEMPTS = 20  # 10 s: an apiserver restart
+_UNREACHABLE_BACKOFF = Backoff(initial_s=0.5, max_s=0.5)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -131,21 +133,25 @@ class Allocator:
             self._metrics.allocate_latency.labels(kind.value).observe(time.perf_counter() - started)
 
     async def _mark_assigned(self, grant: ContainerGrant) -> None:
+        """Not `retry`: two budgets in one loop. An unanswered write waits and is tried again
+        (one budget for the whole call); a conflict re-reads the pod and writes again at
+        once, with the new resourceVersion (a budget of its own)."""
         version = grant.resource_version
-        unreachable = conflicts = 0
+        unreachable = _UNREACHABLE_BACKOFF.delays(_UNREACHABLE_ATTEMPTS - 1)
+        conflicts = 0
         while True:
             try:
                 await self._api.mark_assigned(grant.pod, version)
                 return
             except (aiohttp.ClientError, OSError, TimeoutError) as error:
                 # The apiserver restarting: the decision stands, the write is retried.
-                unreachable += 1
-                if unreachable >= _UNREACHABLE_ATTEMPTS:
+                delay = next(unreachable, None)
+                if delay is None:
                     raise NoCandidate(
                         f"pod {grant.pod}: the apiserver did not answer ({error}); could not "
                         f"set {contract.GPU_ASSIGNED}"
                     ) from error
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(delay)
                 continue
             except ApiError as error:
                 if error.status != 409:

@@ -15,9 +15,9 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from gpushare.kube import ApiError, raw_json, read_pod
+from gpushare.kube.reflector import ListCall
 from gpushare.model import contract
 from gpushare.model.usage import PodRef
-from gpushare.reflector import ListCall
 
 _TIMEOUT_S = 10
 

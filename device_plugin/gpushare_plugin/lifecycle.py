@@ -10,13 +10,13 @@ sockets are removed, and the loop serves and registers again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
 from gpushare import logs
+from gpushare.kube.retry import Backoff, pause
 from gpushare.model.request import GpuKind
 from gpushare_plugin._proto.v1beta1 import api_pb2, api_pb2_grpc
 from gpushare_plugin.server import OPTIONS, DevicePluginServicer
@@ -30,7 +30,7 @@ SOCKET_NAMES = {
 _POLL_S = 0.5
 _DIAL_TIMEOUT_S = 5.0
 _REGISTER_TIMEOUT_S = 10.0
-_BACKOFF_MAX_S = 30.0
+_BACKOFF = Backoff(initial_s=1.0, max_s=30.0)
 _STOP_GRACE_S = 1.0
 
 
@@ -81,7 +81,7 @@ class Supervisor:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve and register until `stop` is set; then remove the sockets and return."""
-        backoff = 1.0
+        delays = _BACKOFF.delays()
         while not stop.is_set():
             servers: list[grpc.aio.Server] = []
             try:
@@ -89,15 +89,14 @@ class Supervisor:
                 kubelet = await self._register(stop)
                 if kubelet is None:
                     continue  # stopping
-                backoff = 1.0
+                delays = _BACKOFF.delays()
                 reason = await self._wait_restart(kubelet, stop)
                 if reason:
                     self._log.info("re-registering", reason=reason)
             except (SocketBusy, grpc.aio.AioRpcError, OSError, TimeoutError) as error:
-                self._log.error("serving failed; retrying", error=str(error), retry_s=backoff)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), backoff)
-                backoff = min(backoff * 2, _BACKOFF_MAX_S)
+                delay = next(delays)
+                self._log.error("serving failed; retrying", error=str(error), retry_s=delay)
+                await pause(delay, stop)
             finally:
                 await asyncio.gather(*(server.stop(_STOP_GRACE_S) for server in servers))
                 for endpoint in self._endpoints:
@@ -142,9 +141,7 @@ class Supervisor:
             if not waited:
                 self._log.info("waiting for the kubelet", socket=str(kubelet_path))
                 waited = True
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), _POLL_S)
-            if stop.is_set():
+            if await pause(_POLL_S, stop):
                 return None
         async with grpc.aio.insecure_channel(f"unix://{kubelet_path}") as channel:
             stub = api_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
@@ -170,9 +167,7 @@ class Supervisor:
         """Why to serve and register again, or None when stopping."""
         kubelet_path = self._dir / KUBELET_SOCKET
         while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), _POLL_S)
-            if stop.is_set():
+            if await pause(_POLL_S, stop):
                 break
             now = _identity(kubelet_path)
             if now is not None and now != kubelet:

@@ -8,7 +8,6 @@ the GPUNode inventory, start the pod watch and health checks, then serve and reg
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import sys
@@ -18,6 +17,7 @@ from typing import Any
 
 from gpushare import logs
 from gpushare.kube import api_client
+from gpushare.kube.retry import Backoff, pause
 from gpushare.model.devices import check_unit_fits, smallest_fitting_unit
 from gpushare.model.errors import InvalidInventory
 from gpushare.model.request import GpuKind
@@ -35,7 +35,7 @@ from gpushare_plugin.metrics import PluginMetrics
 from gpushare_plugin.podcache import PodCache
 from gpushare_plugin.server import DevicePluginServicer
 
-_PUBLISH_RETRY_S = 2.0
+_PUBLISH_BACKOFF = Backoff(initial_s=2.0, max_s=2.0)
 
 
 def open_discovery(config: PluginConfig) -> Discovery:
@@ -87,10 +87,12 @@ async def run(config: PluginConfig, stop: asyncio.Event) -> int:
         async with await api_client(config.kubeconfig) as client:
             api = PluginApi(client)
             publisher = InventoryPublisher(api=api, table=table, plugin_version=version("gpushare"))
-            while not await publisher.publish():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), _PUBLISH_RETRY_S)
-                if stop.is_set():
+            # Not `retry`: `publish` logs its own failure and answers False; it is tried
+            # again until it succeeds or the plugin is stopped.
+            for delay in _PUBLISH_BACKOFF.delays():
+                if await publisher.publish():
+                    break
+                if await pause(delay, stop):
                     return 0
             pods = PodCache(api, config.node_name)
             allocator = Allocator(

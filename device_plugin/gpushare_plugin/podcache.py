@@ -14,9 +14,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from gpushare import logs
+from gpushare.kube.reflector import Reflector
 from gpushare.model.allocation import BoundPod, bound_pod
 from gpushare.model.usage import PodUid
-from gpushare.reflector import Reflector
 from gpushare_plugin.kubeapi import PluginApi
 
 

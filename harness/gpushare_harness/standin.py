@@ -8,6 +8,7 @@ from kubernetes_asyncio import client, watch
 
 from gpushare import kube
 from gpushare.model import contract
+from gpushare.model.annotations import gpu_assigned
 
 
 async def act_as_device_plugins(api: client.ApiClient) -> None:
@@ -37,7 +38,7 @@ async def act_as_device_plugins(api: client.ApiClient) -> None:
                 if (
                     obj["spec"].get("nodeName")
                     and contract.GPU_INDEX in annotations
-                    and annotations.get(contract.GPU_ASSIGNED) != contract.GPU_ASSIGNED_TRUE
+                    and not gpu_assigned(annotations)
                     and uid not in marked
                 ):
                     marked.add(uid)

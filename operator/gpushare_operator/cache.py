@@ -45,6 +45,7 @@ from gpushare.model import (
     node_inventory,
     pod_ref,
 )
+from gpushare.model.annotations import gpu_assigned, predicate_time_s
 from gpushare.model.bodies import Body, annotations_of, path, sequence, text
 from gpushare.model.filters import NodeFacts, PodNeeds, node_facts, node_reason
 from gpushare.model.resources import PODS, add_into, pod_requests
@@ -202,7 +203,7 @@ class SchedulerCache:
         self._pending.pop(uid, None)
         previous = self._holders.get(uid)
         fingerprint = _fingerprint(body)
-        assigned = annotations_of(body).get(contract.GPU_ASSIGNED) == contract.GPU_ASSIGNED_TRUE
+        assigned = gpu_assigned(annotations_of(body))
         if previous is not None and not previous.assumed and previous.fingerprint == fingerprint:
             if assigned and previous.pin is not None:  # the device plugin served it
                 signature = previous.pin[0]
@@ -226,7 +227,7 @@ class SchedulerCache:
             self.ledger.add(claim.allocation)
             terminating = path(body, "metadata").get("deletionTimestamp") is not None
             if claim.allocation.cards and claim.request and not assigned and not terminating:
-                since = _predicate_time(body) or self._clock()
+                since = predicate_time_s(annotations_of(body)) or self._clock()
                 holder.pin = (claim.request.signature, claim.allocation.cards, since)
         self._hold(uid, holder)
         if waited_as is not None and holder.pin is None:
@@ -508,9 +509,3 @@ def _fingerprint(body: Body) -> int:
             )
         )
     )
-
-
-def _predicate_time(body: Body) -> float | None:
-    """`volcano.sh/predicate-time` in seconds, if it is a decimal nanosecond count."""
-    raw = annotations_of(body).get(contract.PREDICATE_TIME, "")
-    return int(raw) / 1e9 if raw.isdigit() and len(raw) < 25 else None

@@ -11,28 +11,14 @@ operators by priority and does not elect a leader.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import time
 from collections.abc import Callable
 from typing import Any
 
 from gpushare import logs
 from gpushare.kube import ApiError
+from gpushare.kube.clock import micro_time, parse_time
 from gpushare_operator.kubeapi import SchedulerApi
-
-
-def _micro(stamp: float) -> str:
-    moment = datetime.datetime.fromtimestamp(stamp, datetime.UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _seconds(raw: object) -> float | None:
-    if not isinstance(raw, str):
-        return None
-    try:
-        return datetime.datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 class LeaseElector:
@@ -117,7 +103,7 @@ class LeaseElector:
         except _Unreachable:
             return False
         now = self._clock()
-        stamp = _micro(now)
+        stamp = micro_time(now)
         duration = max(1, round(self.lease_duration_s))
         try:
             if lease is None:
@@ -137,7 +123,7 @@ class LeaseElector:
                 return True
             spec = lease.setdefault("spec", {})
             holder = spec.get("holderIdentity")
-            renewed = _seconds(spec.get("renewTime")) or 0.0
+            renewed = parse_time(spec.get("renewTime")) or 0.0
             held_for = spec.get("leaseDurationSeconds") or duration
             if holder and holder != self.identity and renewed + float(held_for) > now:
                 return False  # someone else holds a live Lease

@@ -2,9 +2,9 @@
 configuration (GPUShareConfig, watched with `@kopf.on.event`, so kopf writes nothing to it).
 
 Pods, nodes and GPUNodes are not watched through kopf: the Runtime's own reflectors list
-them in pages and watch them (gpushare.reflector), and keep slim copies. kopf's watch lists
-a kind in one unpaged response and keeps state per object, which at 50,000 pods cost more
-memory than the whole scheduler cache. Nothing is written to users' pods or nodes but the
+them in pages and watch them (gpushare.kube.reflector), and keep slim copies. kopf's watch
+lists a kind in one unpaged response and keeps state per object, which at 50,000 pods cost
+more memory than the whole scheduler cache. Nothing is written to users' pods or nodes but the
 scheduler's own Binding, condition and Events.
 
 Run it with `kopf run --standalone -A -m gpushare_operator.handlers` or `gpushare-operator`.

@@ -3,12 +3,11 @@
 Writes go to: pods/binding (the bind, with the GPU annotations), pods/status (PodScheduled),
 events (Scheduled, FailedScheduling), gpunodes/status, gpushareconfigs/status and Leases.
 Reads of pods, nodes and GPUNodes: each kind's list call, for the Reflector that lists and
-watches it (gpushare.reflector); single pods are read back after a refused bind.
+watches it (gpushare.kube.reflector); single pods are read back after a refused bind.
 """
 
 from __future__ import annotations
 
-import datetime
 import functools
 from collections.abc import Mapping
 from typing import Any, Protocol, cast
@@ -16,17 +15,11 @@ from typing import Any, Protocol, cast
 from kubernetes_asyncio import client
 
 from gpushare.kube import ApiError, raw_json, read_pod
+from gpushare.kube.clock import rfc3339
+from gpushare.kube.reflector import ListCall
 from gpushare.model import PodRef, contract
-from gpushare.reflector import ListCall
 
 COMPONENT = "gpushare-scheduler"
-
-
-def now_rfc3339(micro: bool = False) -> str:
-    stamp = datetime.datetime.now(datetime.UTC)
-    if micro:
-        return stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class SchedulerApi(Protocol):
@@ -109,7 +102,7 @@ class KubeSchedulerApi:
             "status": "False",
             "reason": reason,
             "message": message,
-            "lastTransitionTime": now_rfc3339(),
+            "lastTransitionTime": rfc3339(),
         }
         # Strategic merge: conditions merge by type; the pod's other conditions stay.
         await raw_json(
@@ -123,7 +116,7 @@ class KubeSchedulerApi:
         )
 
     async def post_event(self, pod: PodRef, *, kind: str, reason: str, message: str) -> None:
-        stamp = now_rfc3339()
+        stamp = rfc3339()
         event = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -169,7 +162,7 @@ class KubeSchedulerApi:
         )
 
     async def report_config(self, name: str, *, accepted: bool, message: str) -> None:
-        status = {"accepted": accepted, "message": message, "observedAt": now_rfc3339()}
+        status = {"accepted": accepted, "message": message, "observedAt": rfc3339()}
         await raw_json(
             self._objects.patch_cluster_custom_object_status(
                 contract.CONFIG_GROUP,

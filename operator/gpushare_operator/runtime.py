@@ -16,9 +16,9 @@ import gc
 import time
 
 from gpushare import logs
+from gpushare.kube.reflector import Reflector, name_of
 from gpushare.model import NodeName, PodUid, contract
 from gpushare.model.bodies import Body, path, text
-from gpushare.reflector import Reflector, name_of
 from gpushare_operator.cache import PodChange, SchedulerCache, slim_node, slim_pod
 from gpushare_operator.config import ConfigError, OperatorConfig, describe, with_live
 from gpushare_operator.election import LeaseElector

@@ -10,7 +10,6 @@ calls overlap. A failed bind forgets the assumption and backs the pod off; a 409
 from __future__ import annotations
 
 import asyncio
-import datetime
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,8 +18,10 @@ from structlog.typing import FilteringBoundLogger
 
 from gpushare import logs
 from gpushare.kube import ApiError
+from gpushare.kube.clock import parse_time
+from gpushare.kube.retry import Backoff
 from gpushare.model import NodeName, Placement, PodRef, PodUid, contract, pod_ref
-from gpushare.model.bodies import Body, path, text
+from gpushare.model.bodies import Body, path
 from gpushare_operator.cache import SchedulerCache
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.decision import Refusal, plan
@@ -147,8 +148,10 @@ class Scheduler:
             # pending pod never stand: gpu-index is ours, and gpu-assigned starts "false".
             annotations[contract.GPU_ASSIGNED] = contract.GPU_ASSIGNED_FALSE
         config = self._config()
-        delay = config.backoff_initial_s
-        for attempt in range(1, _BIND_ATTEMPTS + 1):
+        # Not `retry`: each refusal has its own outcome below, and the last failure, too, is
+        # logged and waits its delay (the assumption held meanwhile) before the requeue.
+        delays = Backoff(config.backoff_initial_s, config.backoff_max_s).delays(_BIND_ATTEMPTS)
+        for attempt, delay in enumerate(delays, start=1):
             try:
                 async with asyncio.timeout(config.bind_timeout_s):
                     await self._api.bind(pod, node, annotations)
@@ -172,7 +175,6 @@ class Scheduler:
             except (TimeoutError, OSError) as error:
                 log.warning("bind_retry", attempt=attempt, error=repr(error))
             await asyncio.sleep(delay)
-            delay = min(delay * 2, config.backoff_max_s)
         else:
             self._requeue(pod, log, f"no answer after {_BIND_ATTEMPTS} attempts")
             return
@@ -208,10 +210,4 @@ class Scheduler:
 
 
 def _created(body: Body) -> float | None:
-    raw = text(path(body, "metadata").get("creationTimestamp"))
-    if raw is None:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+    return parse_time(path(body, "metadata").get("creationTimestamp"))

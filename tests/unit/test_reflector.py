@@ -13,8 +13,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gpushare import reflector as reflector_module
-from gpushare.reflector import Reflector, name_of
+from gpushare.kube import reflector as reflector_module
+from gpushare.kube.reflector import Reflector, name_of
 
 pytestmark = pytest.mark.asyncio
 

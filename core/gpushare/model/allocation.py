@@ -18,7 +18,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from gpushare.model import contract
-from gpushare.model.annotations import format_card_indices, parse_card_indices
+from gpushare.model.annotations import (
+    format_card_indices,
+    gpu_assigned,
+    parse_card_indices,
+    predicate_time_ns,
+)
 from gpushare.model.bodies import Body, annotations_of, path, text
 from gpushare.model.devices import card_of_memory_device
 from gpushare.model.errors import GpuShareError
@@ -54,7 +59,7 @@ class BoundPod:
     active: bool
     """Neither terminating nor finished."""
     assigned: bool
-    """`gpu-assigned` is present and not "false" (Volcano's reading)."""
+    """`gpu-assigned` is exactly "true" (`annotations.gpu_assigned`)."""
     predicate_time: int | None
     request: PodRequest | None
     """None when the request cannot be read (`problem` says why)."""
@@ -87,15 +92,13 @@ def bound_pod(pod: Body) -> BoundPod:
         request = gpu_request(pod)
     except GpuShareError as error:
         request, problem = None, str(error)
-    raw_time = annotations.get(contract.PREDICATE_TIME, "")
-    assigned = annotations.get(contract.GPU_ASSIGNED)
     return BoundPod(
         ref=pod_ref(pod),
         resource_version=text(meta.get("resourceVersion")) or "",
         active=meta.get("deletionTimestamp") is None
         and text(path(pod, "status").get("phase")) not in FINISHED_PHASES,
-        assigned=assigned is not None and assigned != "false",
-        predicate_time=int(raw_time) if raw_time.isdigit() else None,
+        assigned=gpu_assigned(annotations),
+        predicate_time=predicate_time_ns(annotations),
         request=request,
         gpu_index=annotations.get(contract.GPU_INDEX),
         scheduler=text(path(pod, "spec").get("schedulerName")) or "default-scheduler",

@@ -1,16 +1,22 @@
-"""Reading and writing the volcano.sh/* annotations, byte-for-byte as Volcano does."""
+"""Reading and writing the volcano.sh/* annotations, byte-for-byte as Volcano does (their
+names are in `contract`). Every reader of a pod's `gpu-assigned` and `predicate-time` is here.
+"""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import NewType
 
+from gpushare.model import contract
 from gpushare.model.errors import InvalidAnnotation
 
 CardIndex = NewType("CardIndex", int)
 """A card's index on its node, as NVML enumerates it and as `gpu-index` names it."""
 
+_TIME_DIGITS = 25
+"""`predicate-time` in seconds is read only below this many digits (int64 nanoseconds,
+what Volcano writes, have at most 19)."""
 _INDEX_LIST = re.compile(r"(?:0|[1-9][0-9]{0,5})(?:,(?:0|[1-9][0-9]{0,5}))*")
 
 
@@ -33,3 +39,30 @@ def parse_card_indices(value: str, *, key: str, owner: str) -> tuple[CardIndex, 
 def format_card_indices(indices: Iterable[CardIndex]) -> str:
     """The annotation value for `indices`: ``"3"`` or ``"0,5"``."""
     return ",".join(str(index) for index in indices)
+
+
+def gpu_assigned(annotations: Mapping[str, str]) -> bool:
+    """`gpu-assigned` is exactly ``"true"``: the device plugin has served every GPU container
+    of the pod. Absent, ``"false"`` (what every Binding writes) or anything else: not yet."""
+    return annotations.get(contract.GPU_ASSIGNED) == contract.GPU_ASSIGNED_TRUE
+
+
+def predicate_time_ns(annotations: Mapping[str, str]) -> int | None:
+    """`predicate-time`, the unix nanoseconds of the scheduling decision, when it is a
+    decimal count (as Volcano and the operator write it); else None."""
+    raw = annotations.get(contract.PREDICATE_TIME, "")
+    if not raw.isdigit():
+        return None
+    try:
+        return int(raw)
+    except ValueError:  # digits int() does not read, such as "²"
+        return None
+
+
+def predicate_time_s(annotations: Mapping[str, str]) -> float | None:
+    """`predicate-time` in unix seconds; None when it is not a decimal count of fewer than
+    25 digits (none longer is a time)."""
+    if len(annotations.get(contract.PREDICATE_TIME, "")) >= _TIME_DIGITS:
+        return None
+    nanoseconds = predicate_time_ns(annotations)
+    return None if nanoseconds is None else nanoseconds / 1e9

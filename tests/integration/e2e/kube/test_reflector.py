@@ -12,7 +12,7 @@ import pytest
 from cluster import create_pod, eventually, gpu_pod
 from kubernetes_asyncio import client
 
-from gpushare.reflector import LISTED, Reflector, name_of
+from gpushare.kube.reflector import LISTED, Reflector, name_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 

@@ -18,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, cast
 
 import aiohttp
 
 from gpushare import logs
-from gpushare.kube import ApiError, raw_json
+from gpushare.kube.client import ApiError, raw_json
+from gpushare.kube.retry import Backoff
 
 ListCall = Callable[..., Awaitable[object]]
 """A kubernetes_asyncio list method with its selectors bound (functools.partial)."""
@@ -202,14 +203,17 @@ class Reflector:
         await self._fresh.wait()
 
     async def run(self) -> None:
-        """List and watch for ever (cancel to stop); `start` runs it as a task of its own."""
-        backoff = BACKOFF_MIN_S
+        """List and watch for ever (cancel to stop); `start` runs it as a task of its own.
+        Not `retry`: what a failure means (watch again, or LIST anew) depends on the error,
+        and the delays start over after each LIST and each watch that delivered."""
+        backoff = Backoff(BACKOFF_MIN_S, BACKOFF_MAX_S)
+        delays = backoff.delays()
         version = ""  # none yet: LIST first
         while True:
             try:
                 if not version:
                     version = await self._list()
-                    backoff = BACKOFF_MIN_S
+                    delays = backoff.delays()
                 opened, events = time.monotonic(), 0
                 async for kind, body in watch(self._call, version):
                     events += 1
@@ -217,9 +221,9 @@ class Reflector:
                     if kind != "BOOKMARK":
                         self._deliver(kind, body)
                 if events or time.monotonic() - opened >= QUICK_END_S:
-                    backoff = BACKOFF_MIN_S
+                    delays = backoff.delays()
                 else:  # ended at once: do not hammer the server
-                    backoff = await self._back_off("watch ended at once", backoff)
+                    await self._back_off("watch ended at once", delays)
             except WatchExpired as expired:
                 self._log.info("watch_expired", reason=str(expired))
                 version = ""
@@ -230,14 +234,14 @@ class Reflector:
                     version = ""
                     await asyncio.sleep(BACKOFF_MAX_S)
                     continue
-                backoff = await self._back_off(error, backoff)
+                await self._back_off(error, delays)
             except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
                 # The apiserver restarting, a dropped connection, a cut-off stream: watch
                 # again from the last version seen (a LIST, if that is where it broke).
-                backoff = await self._back_off(error, backoff)
+                await self._back_off(error, delays)
             except Exception as error:  # a bug must not freeze the owner's view: LIST anew
                 version = ""
-                backoff = await self._back_off(error, backoff, unforeseen=True)
+                await self._back_off(error, delays, unforeseen=True)
 
     async def _list(self) -> str:
         """Hand over every listed object as its page arrives (never the whole list at once:
@@ -273,9 +277,9 @@ class Reflector:
         self.listed.set()
 
     async def _back_off(
-        self, error: Exception | str, backoff: float, *, unforeseen: bool = False
-    ) -> float:
+        self, error: Exception | str, delays: Iterator[float], *, unforeseen: bool = False
+    ) -> None:
+        delay = next(delays)
         reason = error if isinstance(error, str) else str(error) or type(error).__name__
-        self._log.warning("watch_failed", error=reason, retry_in_s=backoff, exc_info=unforeseen)
-        await asyncio.sleep(backoff)
-        return min(backoff * 2, BACKOFF_MAX_S)
+        self._log.warning("watch_failed", error=reason, retry_in_s=delay, exc_info=unforeseen)
+        await asyncio.sleep(delay)

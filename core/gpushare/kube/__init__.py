@@ -1,0 +1,15 @@
+"""Everything of gpushare that talks to the Kubernetes API (the pure rules are in
+`gpushare.model`, which never imports this package).
+
+- `client`: client set-up, raw JSON responses with a checked status (`ApiError`), `read_pod`.
+- `reflector`: list-then-watch, the one way gpushare reads a kind.
+- `retry`: trying again, written once: the delays (`Backoff`), a call tried until it answers
+  (`retry`), a wait that a stop event cuts short (`pause`).
+- `clock`: the timestamps Kubernetes objects carry (RFC 3339, MicroTime), written and read.
+
+The names callers use most are re-exported here: `from gpushare.kube import ApiError`.
+"""
+
+from gpushare.kube.client import ApiError, api_client, raw_json, read_pod
+
+__all__ = ["ApiError", "api_client", "raw_json", "read_pod"]
