@@ -15,7 +15,6 @@ from typing import Any, TypeAlias
 
 from gpushare.model import (
     CardIndex,
-    CardUsage,
     GpuShareError,
     InventorySource,
     NodeName,
@@ -109,20 +108,13 @@ def _node_report(usage: NodeUsage) -> NodeReport:
                 model=held.card.model or "",
                 uuid=held.card.uuid or "",
                 healthy=held.card.healthy,
-                used_mib=_held_units(held) * unit,
+                used_mib=held.allocated * unit,
                 total_mib=held.card.memory * unit,
                 pods=tuple(sorted(str(pod) for pod in held.pods.values())),
             )
             for index, held in sorted(usage.cards.items())
         ),
     )
-
-
-def _held_units(card: CardUsage) -> int:
-    """Units held on `card`, counted as its GPUNode status counts them
-    (gpushare.model.status): the whole card while a gpu-number pod holds it, never more
-    than the card (forged annotations can overcommit it)."""
-    return card.card.memory if card.exclusive else min(card.used, card.card.memory)
 
 
 # -- explain and simulate --------------------------------------------------------------------

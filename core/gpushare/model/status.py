@@ -16,9 +16,7 @@ def gpunode_status(usage: NodeUsage) -> dict[str, Any]:
             {
                 "index": index,
                 "healthy": card.card.healthy,
-                "allocatedMiB": min(card.used, card.card.memory) * unit
-                if not card.exclusive
-                else card.card.memory * unit,
+                "allocatedMiB": card.allocated * unit,
                 "freeMiB": card.free * unit if card.shareable else 0,
                 "pods": sorted(str(pod) for pod in card.pods.values()),
             }

@@ -170,6 +170,12 @@ class CardUsage:
         return max(0, self.card.memory - self.used)
 
     @property
+    def allocated(self) -> int:
+        """Memory units counted as allocated: the whole card while a gpu-number pod holds
+        it, never more than the card (forged annotations can overcommit it)."""
+        return self.card.memory if self.exclusive else min(self.used, self.card.memory)
+
+    @property
     def shareable(self) -> bool:
         """May take a gpu-memory pod: healthy and held whole by no one."""
         return self.card.healthy and not self.exclusive
