@@ -15,7 +15,6 @@ from typing import Any, TypeAlias
 
 from gpushare.model import (
     CardIndex,
-    GpuShareError,
     InventorySource,
     NodeName,
     NodeUsage,
@@ -24,28 +23,23 @@ from gpushare.model import (
     Policy,
     contract,
     diagnose,
-    gpu_request,
 )
-from gpushare.model.annotations import gpu_assigned
 from gpushare.model.bodies import Body, annotations_of, path, text
-from gpushare.model.filters import pod_needs
 from gpushare_cli.errors import CliError
 from gpushare_cli.read import Cluster
-from gpushare_operator.cache import SchedulerCache
-from gpushare_operator.decision import Plan, plan
+from gpushare_operator.scheduling.cache import SchedulerCache
+from gpushare_operator.scheduling.decision import Plan, plan
+from gpushare_operator.scheduling.podinfo import Demand, PodInfo
 
 
 def build_cache(cluster: Cluster) -> SchedulerCache:
-    cache = SchedulerCache(
-        scheduler_names=cluster.config.scheduler_names,
-        assignment_timeout_s=cluster.config.assignment_timeout_s,
-    )
+    cache = SchedulerCache(config=lambda: cluster.config)
     for node in cluster.nodes:
         cache.observe_node(node)
     for resource in cluster.gpunodes:
         cache.observe_gpunode(resource)
     for pod in cluster.pods:
-        cache.observe_pod(pod)
+        cache.observe_pod(PodInfo.parse(pod))
     return cache
 
 
@@ -196,16 +190,14 @@ def find_pod(cluster: Cluster, name: str, namespace: str) -> Body:
 
 def explain(cluster: Cluster, pod: Body, *, simulated: bool = False) -> Explanation:
     """Where `pod` is, or would go now, and why; card by card when it cannot go anywhere."""
-    meta = path(pod, "metadata")
-    name = f"{text(meta.get('namespace')) or 'default'}/{text(meta.get('name')) or '<unnamed>'}"
-    scheduler = text(path(pod, "spec").get("schedulerName")) or "default-scheduler"
-    node = text(path(pod, "spec").get("nodeName"))
-    if not simulated and node:
-        annotations = annotations_of(pod)
+    info = PodInfo.parse(pod)
+    name = f"{info.ref.namespace or 'default'}/{info.ref.name or '<unnamed>'}"
+    scheduler = info.scheduler_name or "default-scheduler"
+    if not simulated and info.node:
         bound = Bound(
-            node=node,
-            card=annotations.get(contract.GPU_INDEX),
-            assigned=gpu_assigned(annotations),
+            node=info.node,
+            card=annotations_of(pod).get(contract.GPU_INDEX),
+            assigned=info.assigned,
             phase=text(path(pod, "status").get("phase")),
         )
         return Explanation(pod=name, scheduler_name=scheduler, outcome=bound)
@@ -218,7 +210,7 @@ def explain(cluster: Cluster, pod: Body, *, simulated: bool = False) -> Explanat
         )
     condition = None if simulated else _pod_scheduled(pod)
     cache = build_cache(cluster)
-    decided = plan(cache, pod, config.policy)
+    decided = plan(cache, info, config.policy)
     outcome: Outcome
     if isinstance(decided, Plan):
         outcome = Placeable(
@@ -229,7 +221,7 @@ def explain(cluster: Cluster, pod: Body, *, simulated: bool = False) -> Explanat
         )
     else:
         outcome = Unplaceable(
-            policy=config.policy, reason=decided.message, nodes=_verdicts(cache, pod)
+            policy=config.policy, reason=decided.message, nodes=_verdicts(cache, info)
         )
     return Explanation(
         pod=name, scheduler_name=scheduler, outcome=outcome, note=note, pod_scheduled=condition
@@ -244,12 +236,8 @@ def _pod_scheduled(pod: Body) -> Mapping[str, Any] | None:
     return found
 
 
-def _verdicts(cache: SchedulerCache, pod: Body) -> tuple[NodeVerdict, ...]:
-    try:
-        request = gpu_request(pod)
-        needs = pod_needs(pod)
-    except GpuShareError:
+def _verdicts(cache: SchedulerCache, pod: PodInfo) -> tuple[NodeVerdict, ...]:
+    if not isinstance(pod.demand, Demand) or pod.demand.request.kind is None:
         return ()
-    if request.kind is None:
-        return ()
+    request, needs = pod.demand.request, pod.demand.needs
     return diagnose(cache.ledger, request, cache.node_check(needs), cache.card_check(request)).nodes

@@ -1,21 +1,8 @@
 """The device plugin's configuration: flags, each with an environment-variable twin.
 
 A flag wins over its variable, the variable over the default. Every problem is reported
-together, with the fix.
-
-    flag                        variable                         default
-    --node-name                 NODE_NAME (required)             -
-    --kubeconfig                KUBECONFIG                       in-cluster service account
-    --socket-dir                GPUSHARE_SOCKET_DIR              /var/lib/kubelet/device-plugins
-    --gpu-memory-factor         GPU_MEMORY_FACTOR                1 (MiB per device; or auto)
-    --visible-devices           GPUSHARE_VISIBLE_DEVICES         index (or uuid)
-    --fake-gpus                 GPUSHARE_FAKE_GPUS               - (NVML); e.g. 8x11178, @file
-    --metrics-port              GPUSHARE_METRICS_PORT            9402 (0 disables)
-    --health-recovery-seconds   GPUSHARE_HEALTH_RECOVERY_SECONDS 300
-    --allocate-wait-seconds     GPUSHARE_ALLOCATE_WAIT_SECONDS   5
-    --scheduler-names           GPUSHARE_SCHEDULER_NAMES         volcano (the operator's)
-    --disable-healthchecks      DP_DISABLE_HEALTHCHECKS          - (all, xids, or XID list)
-    --log-level                 GPUSHARE_LOG_LEVEL               info
+together, with the fix. Each option is declared once, in `OPTIONS`; `gpushare-device-plugin
+--help` lists them with their variables and defaults.
 """
 
 from __future__ import annotations
@@ -25,37 +12,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpushare import options
 from gpushare.model import contract
 from gpushare.model.allocation import VisibleDevices
+from gpushare.options import Option
 from gpushare_plugin.health import HealthPolicy
 
 DEFAULT_SOCKET_DIR = Path("/var/lib/kubelet/device-plugins")
-
-_VARIABLES = {
-    "node_name": "NODE_NAME",
-    "kubeconfig": "KUBECONFIG",
-    "socket_dir": "GPUSHARE_SOCKET_DIR",
-    "gpu_memory_factor": "GPU_MEMORY_FACTOR",
-    "visible_devices": "GPUSHARE_VISIBLE_DEVICES",
-    "fake_gpus": "GPUSHARE_FAKE_GPUS",
-    "metrics_port": "GPUSHARE_METRICS_PORT",
-    "health_recovery_seconds": "GPUSHARE_HEALTH_RECOVERY_SECONDS",
-    "allocate_wait_seconds": "GPUSHARE_ALLOCATE_WAIT_SECONDS",
-    "scheduler_names": "GPUSHARE_SCHEDULER_NAMES",
-    "disable_healthchecks": "DP_DISABLE_HEALTHCHECKS",
-    "log_level": "GPUSHARE_LOG_LEVEL",
-}
-_DEFAULTS = {
-    "socket_dir": str(DEFAULT_SOCKET_DIR),
-    "gpu_memory_factor": "1",
-    "visible_devices": VisibleDevices.INDEX.value,
-    "metrics_port": "9402",
-    "health_recovery_seconds": "300",
-    "allocate_wait_seconds": "5",
-    "scheduler_names": contract.DEFAULT_SCHEDULER_NAME,
-    "disable_healthchecks": "",
-    "log_level": "info",
-}
 AUTO = "auto"
 _SOCKET_PATH_MAX = 107  # sun_path is 108 bytes with the terminating NUL
 
@@ -81,75 +44,188 @@ class PluginConfig:
     log_level: str
 
 
+def _node_name(raw: str) -> str:
+    if not raw:
+        raise ValueError("NODE_NAME is required: set it from the downward API (spec.nodeName)")
+    return raw
+
+
+def _path_or_none(raw: str) -> Path | None:
+    return Path(raw) if raw else None
+
+
+def _text_or_none(raw: str) -> str | None:
+    return raw or None
+
+
+def _socket_dir(raw: str) -> Path:
+    longest = Path(raw) / "volcano-gpu-memory.sock"
+    size = len(str(longest).encode())
+    if size > _SOCKET_PATH_MAX:
+        raise ValueError(
+            f"is too long: a unix socket path has at most {_SOCKET_PATH_MAX} bytes and "
+            f"{longest} has {size}"
+        )
+    return Path(raw)
+
+
+def _factor(raw: str) -> int | None:
+    if raw.strip().lower() == AUTO:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"must be a number >= 1, or {AUTO}")
+    return value
+
+
+def _visible(raw: str) -> VisibleDevices:
+    try:
+        return VisibleDevices(raw)
+    except ValueError:
+        raise ValueError(f"must be {' or '.join(VisibleDevices)}") from None
+
+
+def _seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ValueError("must be a number >= 0")
+    return value
+
+
+# The health options have no PluginConfig field of their own: together they make `health`.
+_HEALTH_CHECKS, _HEALTH_RECOVERY = "disable_healthchecks", "health_recovery_s"
+
+OPTIONS = (
+    Option(
+        field="node_name",
+        env="NODE_NAME",
+        flag="--node-name",
+        parse=_node_name,
+        help="this node (required; the downward API's spec.nodeName)",
+    ),
+    Option(
+        field="kubeconfig",
+        env="KUBECONFIG",
+        flag="--kubeconfig",
+        parse=_path_or_none,
+        help="kubeconfig file; unset: the in-cluster service account",
+    ),
+    Option(
+        field="socket_dir",
+        env="GPUSHARE_SOCKET_DIR",
+        flag="--socket-dir",
+        default=str(DEFAULT_SOCKET_DIR),
+        parse=_socket_dir,
+        help="the kubelet's device-plugin folder",
+    ),
+    Option(
+        field="gpu_memory_factor",
+        env="GPU_MEMORY_FACTOR",
+        flag="--gpu-memory-factor",
+        default="1",
+        parse=_factor,
+        help=f"MiB per gpu-memory device, or {AUTO} (the smallest that fits the kubelet)",
+    ),
+    Option(
+        field="visible_devices",
+        env="GPUSHARE_VISIBLE_DEVICES",
+        flag="--visible-devices",
+        default=VisibleDevices.INDEX.value,
+        parse=_visible,
+        help=f"how NVIDIA_VISIBLE_DEVICES names the cards: {' or '.join(VisibleDevices)}",
+    ),
+    Option(
+        field="fake_gpus",
+        env="GPUSHARE_FAKE_GPUS",
+        flag="--fake-gpus",
+        parse=_text_or_none,
+        help="fake cards instead of NVML, e.g. 8x11178 or @file; unset: NVML",
+    ),
+    Option(
+        field="metrics_port",
+        env="GPUSHARE_METRICS_PORT",
+        flag="--metrics-port",
+        default="9402",
+        parse=options.port,
+        help="Prometheus endpoint, 0 to disable",
+    ),
+    Option(
+        field=_HEALTH_RECOVERY,
+        env="GPUSHARE_HEALTH_RECOVERY_SECONDS",
+        flag="--health-recovery-seconds",
+        default="300",
+        parse=_seconds,
+        help="seconds without a new XID after which an Unhealthy card is Healthy again",
+    ),
+    Option(
+        field="allocate_wait_s",
+        env="GPUSHARE_ALLOCATE_WAIT_SECONDS",
+        flag="--allocate-wait-seconds",
+        default="5",
+        parse=_seconds,
+        help="seconds Allocate waits for the operator's assignment of the pod",
+    ),
+    Option(
+        field="scheduler_names",
+        env="GPUSHARE_SCHEDULER_NAMES",
+        flag="--scheduler-names",
+        default=contract.DEFAULT_SCHEDULER_NAME,
+        parse=options.scheduler_names,
+        help="comma list of the schedulers (the operator's) whose pods are served",
+    ),
+    Option(
+        field=_HEALTH_CHECKS,
+        env="DP_DISABLE_HEALTHCHECKS",
+        flag="--disable-healthchecks",
+        parse=str,
+        help="all, xids, or a comma list of XIDs to ignore; unset: all checks",
+    ),
+    Option(
+        field="log_level",
+        env="GPUSHARE_LOG_LEVEL",
+        flag="--log-level",
+        default="info",
+        parse=options.log_level,
+        help="debug | info | warning | error",
+    ),
+)
+
+
 def parser() -> argparse.ArgumentParser:
     parse = argparse.ArgumentParser(
         prog="gpushare-device-plugin",
         description="Kubelet device plugin for volcano.sh/gpu-memory and volcano.sh/gpu-number.",
     )
-    for dest, variable in _VARIABLES.items():
-        default = _DEFAULTS.get(dest)
-        shown = f" [{default}]" if default else ""
-        parse.add_argument(
-            f"--{dest.replace('_', '-')}", dest=dest, help=f"also ${variable}{shown}"
-        )
+    options.add_flags(
+        parse, OPTIONS, {option.field: option.default for option in OPTIONS if option.default}
+    )
     return parse
 
 
 def load(argv: Sequence[str] | None, environ: Mapping[str, str]) -> PluginConfig:
     args = vars(parser().parse_args(argv))
-    raw = {
-        dest: args[dest] if args[dest] is not None else environ.get(var, _DEFAULTS.get(dest, ""))
-        for dest, var in _VARIABLES.items()
+    given = {
+        option.field: (
+            option.flag,
+            args[option.field]
+            if args[option.field] is not None
+            else environ.get(option.env, option.default or ""),
+        )
+        for option in OPTIONS
     }
-    problems: list[str] = []
-
-    def number(dest: str, kind: type[int] | type[float], low: float) -> float:
-        try:
-            value = kind(raw[dest])
-        except ValueError:
-            value = low - 1
-        if value < low:
-            problems.append(f"--{dest.replace('_', '-')}={raw[dest]!r} must be a number >= {low}")
-        return value
-
-    if not raw["node_name"]:
-        problems.append("NODE_NAME is required: set it from the downward API (spec.nodeName)")
-    factor: int | None = None
-    if raw["gpu_memory_factor"].strip().lower() != AUTO:
-        factor = int(number("gpu_memory_factor", int, 1))
-    if raw["visible_devices"] not in {v.value for v in VisibleDevices}:
-        problems.append(f"--visible-devices={raw['visible_devices']!r} must be index or uuid")
-    port = int(number("metrics_port", int, 0))
-    recovery = number("health_recovery_seconds", float, 0)
-    wait = number("allocate_wait_seconds", float, 0)
+    values, problems = options.parse(OPTIONS, given)
+    checks, recovery = values.pop(_HEALTH_CHECKS), values.pop(_HEALTH_RECOVERY, 0.0)
     health = HealthPolicy()
     try:
-        health = HealthPolicy.from_setting(raw["disable_healthchecks"], recovery)
+        health = HealthPolicy.from_setting(checks, recovery)
     except ValueError as error:
         problems.append(str(error))
-    if raw["log_level"].lower() not in {"debug", "info", "warning", "error"}:
-        problems.append(f"--log-level={raw['log_level']!r} must be debug, info, warning or error")
-    longest = Path(raw["socket_dir"]) / "volcano-gpu-memory.sock"
-    if len(str(longest).encode()) > _SOCKET_PATH_MAX:
-        problems.append(
-            f"--socket-dir={raw['socket_dir']!r} is too long: a unix socket path has at most "
-            f"{_SOCKET_PATH_MAX} bytes and {longest} has {len(str(longest).encode())}"
-        )
-    schedulers = frozenset(n.strip() for n in raw["scheduler_names"].split(",") if n.strip())
-    if not schedulers:
-        problems.append("--scheduler-names must name at least one scheduler (default volcano)")
     if problems:
         raise ConfigError("; ".join(problems))
-    return PluginConfig(
-        node_name=raw["node_name"],
-        kubeconfig=Path(raw["kubeconfig"]) if raw["kubeconfig"] else None,
-        socket_dir=Path(raw["socket_dir"]),
-        gpu_memory_factor=factor,
-        visible_devices=VisibleDevices(raw["visible_devices"]),
-        fake_gpus=raw["fake_gpus"] or None,
-        metrics_port=port,
-        health=health,
-        allocate_wait_s=wait,
-        scheduler_names=schedulers,
-        log_level=raw["log_level"].lower(),
-    )
+    return PluginConfig(**values, health=health)

@@ -11,10 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterable
-from typing import Any
 
 from gpushare import logs
-from gpushare.kube.reflector import Reflector
+from gpushare.kube.reflector import DELETED, Reflector
 from gpushare.model.allocation import BoundPod, bound_pod
 from gpushare.model.usage import PodUid
 from gpushare_plugin.kubeapi import PluginApi
@@ -26,9 +25,13 @@ class PodCache:
         self.served: dict[PodUid, int] = {}
         """GPU containers of each pod this plugin has answered (kubelet order)."""
         self._reflector = Reflector(
-            "pods", api.pod_lister(node), apply=self._apply, listed=self._listed
+            "pods",
+            api.pod_lister(node),
+            transform=bound_pod,
+            on_event=self._apply,
+            on_listed=self._listed,
         )
-        self.synced = self._reflector.listed
+        self.synced = self._reflector.synced
         self._changed = asyncio.Event()
         self._log = logs.get("podcache", node=node)
 
@@ -59,9 +62,8 @@ class PodCache:
         self._notify()
         self._log.info("pods on node listed", pods=len(self._pods))
 
-    def _apply(self, kind: str, body: dict[str, Any]) -> None:
-        pod = bound_pod(body)
-        if kind == "DELETED":
+    def _apply(self, event_type: str, pod: BoundPod) -> None:
+        if event_type == DELETED:
             self._pods.pop(pod.ref.uid, None)
             self.served.pop(pod.ref.uid, None)
         else:

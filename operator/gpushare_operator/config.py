@@ -3,36 +3,24 @@
 Every field is validated at once and every problem reported together. A bad live value is
 refused whole: the operator keeps the configuration it had, and says why (an Event and the
 resource's status). Fields that only matter at start-up (leader election, ports) come from the
-environment alone.
+environment (or its flag) alone.
 
-Environment (defaults in brackets):
-    GPUSHARE_SCHEDULER_NAMES    comma list of spec.schedulerName values to serve [volcano]
-    GPUSHARE_POLICY             bestfit | firstfit | binpack | spread [bestfit]
-    GPUSHARE_ASSIGNMENT_TIMEOUT seconds a placement waits behind an unassigned pod of the
-                                same request on the same node before going ahead [60]
-    GPUSHARE_BIND_TIMEOUT       seconds for one Binding call [10]
-    GPUSHARE_BACKOFF_INITIAL / GPUSHARE_BACKOFF_MAX   retry backoff after a failed bind [1 / 10]
-    GPUSHARE_UNSCHEDULABLE_RETRY seconds after which an unschedulable pod is tried again even
-                                if nothing changed [60]
-    GPUSHARE_MAX_CONCURRENT_BINDS  Binding calls in flight at once [32]
-    GPUSHARE_LEADER_ELECT       true | false: only the Lease holder binds [true]
-    GPUSHARE_LEASE_NAMESPACE / GPUSHARE_LEASE_NAME   [gpushare-system / gpushare-scheduler]
-    GPUSHARE_LEASE_DURATION / GPUSHARE_RENEW_DEADLINE / GPUSHARE_RETRY_PERIOD   [15 / 10 / 2]
-    GPUSHARE_IDENTITY           this replica's name in the Lease [POD_NAME, else host-pid]
-    GPUSHARE_METRICS_PORT       Prometheus endpoint, 0 to disable [9090]
-    GPUSHARE_STATUS_INTERVAL    seconds between GPUNode status updates [2]
-    GPUSHARE_LOG_LEVEL          debug | info | warning | error [info]
+Each option is declared once, in `OPTIONS`: the field, its environment variable, its flag of
+`gpushare-operator` and, for the fields a GPUShareConfig may set, its key in the spec.
+`gpushare-operator --help` lists them with their defaults.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields, replace
 
+from gpushare import options
 from gpushare.model import Policy, contract
+from gpushare.options import Option
 
 
 class ConfigError(ValueError):
@@ -65,46 +53,39 @@ class OperatorConfig:
     log_level: str = "info"
 
 
-def _names(raw: str) -> frozenset[str]:
-    names = frozenset(part.strip() for part in raw.split(",") if part.strip())
-    if not names:
-        raise ValueError("needs at least one scheduler name")
-    return names
+def _policy(raw: str) -> Policy:
+    try:
+        return Policy(raw)
+    except ValueError:
+        raise ValueError("; ".join(Policy)) from None
 
 
 def _seconds(raw: str) -> float:
-    value = float(raw)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
     if not 0 < value <= 86400:
         raise ValueError("must be a number of seconds above 0 and at most 86400")
     return value
 
 
 def _count(raw: str) -> int:
-    value = int(raw)
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
     if not 1 <= value <= 10000:
         raise ValueError("must be a whole number from 1 to 10000")
     return value
 
 
-def _port(raw: str) -> int:
-    value = int(raw)
-    if not 0 <= value <= 65535:
-        raise ValueError("must be a port number (0 disables)")
-    return value
-
-
-def _flag(raw: str) -> bool:
+def _boolean(raw: str) -> bool:
     if raw.lower() in ("true", "1", "yes"):
         return True
     if raw.lower() in ("false", "0", "no"):
         return False
     raise ValueError("must be true or false")
-
-
-def _level(raw: str) -> str:
-    if raw.lower() not in ("debug", "info", "warning", "error"):
-        raise ValueError("must be debug, info, warning or error")
-    return raw.lower()
 
 
 def _text(raw: str) -> str:
@@ -113,71 +94,173 @@ def _text(raw: str) -> str:
     return raw.strip()
 
 
-_PARSERS: dict[str, Callable[[str], Any]] = {
-    "scheduler_names": _names,
-    "policy": Policy,
-    "assignment_timeout_s": _seconds,
-    "bind_timeout_s": _seconds,
-    "backoff_initial_s": _seconds,
-    "backoff_max_s": _seconds,
-    "unschedulable_retry_s": _seconds,
-    "max_concurrent_binds": _count,
-    "leader_elect": _flag,
-    "lease_namespace": _text,
-    "lease_name": _text,
-    "lease_duration_s": _seconds,
-    "renew_deadline_s": _seconds,
-    "retry_period_s": _seconds,
-    "identity": _text,
-    "metrics_port": _port,
-    "status_interval_s": _seconds,
-    "log_level": _level,
-}
-
-_ENV = {
-    "scheduler_names": "GPUSHARE_SCHEDULER_NAMES",
-    "policy": "GPUSHARE_POLICY",
-    "assignment_timeout_s": "GPUSHARE_ASSIGNMENT_TIMEOUT",
-    "bind_timeout_s": "GPUSHARE_BIND_TIMEOUT",
-    "backoff_initial_s": "GPUSHARE_BACKOFF_INITIAL",
-    "backoff_max_s": "GPUSHARE_BACKOFF_MAX",
-    "unschedulable_retry_s": "GPUSHARE_UNSCHEDULABLE_RETRY",
-    "max_concurrent_binds": "GPUSHARE_MAX_CONCURRENT_BINDS",
-    "leader_elect": "GPUSHARE_LEADER_ELECT",
-    "lease_namespace": "GPUSHARE_LEASE_NAMESPACE",
-    "lease_name": "GPUSHARE_LEASE_NAME",
-    "lease_duration_s": "GPUSHARE_LEASE_DURATION",
-    "renew_deadline_s": "GPUSHARE_RENEW_DEADLINE",
-    "retry_period_s": "GPUSHARE_RETRY_PERIOD",
-    "identity": "GPUSHARE_IDENTITY",
-    "metrics_port": "GPUSHARE_METRICS_PORT",
-    "status_interval_s": "GPUSHARE_STATUS_INTERVAL",
-    "log_level": "GPUSHARE_LOG_LEVEL",
-}
+OPTIONS = (
+    Option(
+        field="scheduler_names",
+        env="GPUSHARE_SCHEDULER_NAMES",
+        flag="--scheduler-names",
+        live="schedulerNames",
+        parse=options.scheduler_names,
+        help="comma list of spec.schedulerName values to serve",
+    ),
+    Option(
+        field="policy",
+        env="GPUSHARE_POLICY",
+        flag="--policy",
+        live="policy",
+        parse=_policy,
+        help=" | ".join(Policy),
+    ),
+    Option(
+        field="assignment_timeout_s",
+        env="GPUSHARE_ASSIGNMENT_TIMEOUT",
+        flag="--assignment-timeout",
+        live="assignmentTimeoutSeconds",
+        parse=_seconds,
+        help="seconds a placement waits behind an unassigned pod of the same request on the "
+        "same node before going ahead",
+    ),
+    Option(
+        field="bind_timeout_s",
+        env="GPUSHARE_BIND_TIMEOUT",
+        flag="--bind-timeout",
+        live="bindTimeoutSeconds",
+        parse=_seconds,
+        help="seconds for one Binding call",
+    ),
+    Option(
+        field="backoff_initial_s",
+        env="GPUSHARE_BACKOFF_INITIAL",
+        flag="--backoff-initial",
+        live="backoffInitialSeconds",
+        parse=_seconds,
+        help="first retry backoff after a failed bind, seconds",
+    ),
+    Option(
+        field="backoff_max_s",
+        env="GPUSHARE_BACKOFF_MAX",
+        flag="--backoff-max",
+        live="backoffMaxSeconds",
+        parse=_seconds,
+        help="longest retry backoff after a failed bind, seconds",
+    ),
+    Option(
+        field="unschedulable_retry_s",
+        env="GPUSHARE_UNSCHEDULABLE_RETRY",
+        flag="--unschedulable-retry",
+        live="unschedulableRetrySeconds",
+        parse=_seconds,
+        help="seconds after which an unschedulable pod is tried again even if nothing changed",
+    ),
+    Option(
+        field="max_concurrent_binds",
+        env="GPUSHARE_MAX_CONCURRENT_BINDS",
+        flag="--max-concurrent-binds",
+        parse=_count,
+        help="Binding calls in flight at once",
+    ),
+    Option(
+        field="leader_elect",
+        env="GPUSHARE_LEADER_ELECT",
+        flag="--leader-elect",
+        parse=_boolean,
+        help="true | false: only the Lease holder binds",
+    ),
+    Option(
+        field="lease_namespace",
+        env="GPUSHARE_LEASE_NAMESPACE",
+        flag="--lease-namespace",
+        parse=_text,
+        help="namespace of the Lease",
+    ),
+    Option(
+        field="lease_name",
+        env="GPUSHARE_LEASE_NAME",
+        flag="--lease-name",
+        parse=_text,
+        help="name of the Lease",
+    ),
+    Option(
+        field="lease_duration_s",
+        env="GPUSHARE_LEASE_DURATION",
+        flag="--lease-duration",
+        parse=_seconds,
+        help="seconds a Lease lasts without renewal",
+    ),
+    Option(
+        field="renew_deadline_s",
+        env="GPUSHARE_RENEW_DEADLINE",
+        flag="--renew-deadline",
+        parse=_seconds,
+        help="seconds the leader has to renew before it stops binding",
+    ),
+    Option(
+        field="retry_period_s",
+        env="GPUSHARE_RETRY_PERIOD",
+        flag="--retry-period",
+        parse=_seconds,
+        help="seconds between tries to take or renew the Lease",
+    ),
+    Option(
+        field="identity",
+        env="GPUSHARE_IDENTITY",
+        flag="--identity",
+        parse=_text,
+        help="this replica's name in the Lease; default $POD_NAME, else host-pid",
+    ),
+    Option(
+        field="metrics_port",
+        env="GPUSHARE_METRICS_PORT",
+        flag="--metrics-port",
+        parse=options.port,
+        help="Prometheus endpoint, 0 to disable",
+    ),
+    Option(
+        field="status_interval_s",
+        env="GPUSHARE_STATUS_INTERVAL",
+        flag="--status-interval",
+        parse=_seconds,
+        help="seconds between GPUNode status updates",
+    ),
+    Option(
+        field="log_level",
+        env="GPUSHARE_LOG_LEVEL",
+        flag="--log-level",
+        parse=options.log_level,
+        help="debug | info | warning | error",
+    ),
+)
 
 # The fields a GPUShareConfig resource may set, by their names in its spec.
-LIVE_FIELDS = {
-    "schedulerNames": "scheduler_names",
-    "policy": "policy",
-    "assignmentTimeoutSeconds": "assignment_timeout_s",
-    "bindTimeoutSeconds": "bind_timeout_s",
-    "backoffInitialSeconds": "backoff_initial_s",
-    "backoffMaxSeconds": "backoff_max_s",
-    "unschedulableRetrySeconds": "unschedulable_retry_s",
-}
+LIVE_FIELDS = {option.live: option.field for option in OPTIONS if option.live}
 
 
-def _apply(base: OperatorConfig, values: Mapping[str, tuple[str, str]]) -> OperatorConfig:
-    """`base` with `values` ({field: (where, raw text)}) parsed in; ConfigError lists all
+def _spelled(value: object) -> str:
+    """A default as its environment variable would spell it."""
+    if isinstance(value, frozenset):
+        return ",".join(sorted(value))
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """A flag per option, its help naming the variable and the default (the identity's is
+    computed at start-up, and said in its help)."""
+    defaults = {
+        item.name: _spelled(item.default)
+        for item in fields(OperatorConfig)
+        if item.default is not MISSING
+    }
+    options.add_flags(parser, OPTIONS, defaults)
+
+
+def _apply(base: OperatorConfig, given: Mapping[str, tuple[str, str]]) -> OperatorConfig:
+    """`base` with `given` ({field: (where, raw text)}) parsed in; ConfigError lists all
     problems."""
-    changes: dict[str, Any] = {}
-    problems = []
-    for name, (where, raw) in values.items():
-        try:
-            changes[name] = _PARSERS[name](raw)
-        except ValueError as error:
-            hint = "; ".join(p.value for p in Policy) if name == "policy" else str(error)
-            problems.append(f"{where}={raw!r}: {hint}")
+    changes, problems = options.parse(OPTIONS, given)
     merged = replace(base, **changes)
     if merged.backoff_initial_s > merged.backoff_max_s:
         problems.append("backoff initial must not exceed backoff max")
@@ -191,8 +274,8 @@ def _apply(base: OperatorConfig, values: Mapping[str, tuple[str, str]]) -> Opera
 def from_env(environ: Mapping[str, str] | None = None) -> OperatorConfig:
     """The start-up configuration: defaults overridden by the GPUSHARE_* environment."""
     env = os.environ if environ is None else environ
-    values = {name: (var, env[var]) for name, var in _ENV.items() if var in env}
-    return _apply(OperatorConfig(), values)
+    given = {option.field: (option.env, env[option.env]) for option in OPTIONS if option.env in env}
+    return _apply(OperatorConfig(), given)
 
 
 def with_live(base: OperatorConfig, spec: Mapping[str, object]) -> OperatorConfig:
@@ -214,7 +297,7 @@ def with_live(base: OperatorConfig, spec: Mapping[str, object]) -> OperatorConfi
 def describe(config: OperatorConfig) -> dict[str, object]:
     """The effective configuration, for the start-up log line."""
     shown: dict[str, object] = {}
-    for item in fields(config):
-        value = getattr(config, item.name)
-        shown[item.name] = sorted(value) if isinstance(value, frozenset) else value
+    for option in OPTIONS:
+        value = getattr(config, option.field)
+        shown[option.field] = sorted(value) if isinstance(value, frozenset) else value
     return shown

@@ -6,6 +6,12 @@ Lease also runs the decision loop and the status writer. A holder renews every
 takes over once `lease_duration_s` has passed since the last renewal (or at once when the
 holder releases the Lease on a clean shutdown). kopf's peering is not used: it pauses
 operators by priority and does not elect a leader.
+
+Not `kubernetes_asyncio.leaderelection`: its elector never releases the Lease when its holder
+stops (a rolling update would leave the cluster without a scheduler for a whole lease
+duration), returns for good once it loses the Lease (a replica cut off for a moment would never
+stand again), and does not say when the API last answered, which the liveness probe reads
+(`last_contact`). What is here is one Lease read, create or replace per period.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any
 from gpushare import logs
 from gpushare.kube import ApiError
 from gpushare.kube.clock import micro_time, parse_time
+from gpushare_operator.config import OperatorConfig
 from gpushare_operator.kubeapi import SchedulerApi
 
 
@@ -26,23 +33,13 @@ class LeaseElector:
         self,
         api: SchedulerApi,
         *,
-        namespace: str,
-        name: str,
-        identity: str,
-        lease_duration_s: float,
-        renew_deadline_s: float,
-        retry_period_s: float,
+        config: Callable[[], OperatorConfig],
         on_started_leading: Callable[[], None],
         on_stopped_leading: Callable[[], None],
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._api = api
-        self.namespace = namespace
-        self.name = name
-        self.identity = identity
-        self.lease_duration_s = lease_duration_s
-        self.renew_deadline_s = renew_deadline_s
-        self.retry_period_s = retry_period_s
+        self._config = config
         self._started = on_started_leading
         self._stopped = on_stopped_leading
         self._clock = clock
@@ -50,12 +47,17 @@ class LeaseElector:
         self.last_contact: float | None = None
         """When the API last answered a Lease call (for the liveness probe)."""
         self._renewed_at = 0.0
-        self._log = logs.get("election", lease=f"{namespace}/{name}", identity=identity)
+        start = config()
+        self._log = logs.get(
+            "election",
+            lease=f"{start.lease_namespace}/{start.lease_name}",
+            identity=start.identity,
+        )
 
     async def run(self) -> None:
         while True:
             await self.step()
-            await asyncio.sleep(self.retry_period_s)
+            await asyncio.sleep(self._config().retry_period_s)
 
     async def step(self) -> None:
         """One acquire-or-renew round, and the transitions it causes."""
@@ -67,7 +69,7 @@ class LeaseElector:
                 self.leading = True
                 self._log.info("started_leading")
                 self._started()
-        elif self.leading and now - self._renewed_at > self.renew_deadline_s:
+        elif self.leading and now - self._renewed_at > self._config().renew_deadline_s:
             self.leading = False
             self._log.warning("stopped_leading", reason="could not renew the Lease in time")
             self._stopped()
@@ -78,19 +80,21 @@ class LeaseElector:
             return
         self.leading = False
         self._stopped()
+        config = self._config()
         lease = await self._read()
-        if lease is None or lease.get("spec", {}).get("holderIdentity") != self.identity:
+        if lease is None or lease.get("spec", {}).get("holderIdentity") != config.identity:
             return
         lease["spec"]["holderIdentity"] = None
         lease["spec"]["leaseDurationSeconds"] = 1
         try:
-            await self._api.write_lease(self.namespace, lease, create=False)
+            await self._api.write_lease(config.lease_namespace, lease, create=False)
         except ApiError as error:
             self._log.warning("release_failed", error=str(error))
 
     async def _read(self) -> dict[str, Any] | None:
+        config = self._config()
         try:
-            lease = await self._api.read_lease(self.namespace, self.name)
+            lease = await self._api.read_lease(config.lease_namespace, config.lease_name)
         except (ApiError, OSError, TimeoutError) as error:
             self._log.warning("lease_read_failed", error=str(error))
             raise _Unreachable from error
@@ -102,46 +106,48 @@ class LeaseElector:
             lease = await self._read()
         except _Unreachable:
             return False
+        config = self._config()
         now = self._clock()
         stamp = micro_time(now)
-        duration = max(1, round(self.lease_duration_s))
+        duration = max(1, round(config.lease_duration_s))
         try:
             if lease is None:
                 body = {
                     "apiVersion": "coordination.k8s.io/v1",
                     "kind": "Lease",
-                    "metadata": {"name": self.name, "namespace": self.namespace},
+                    "metadata": {"name": config.lease_name, "namespace": config.lease_namespace},
                     "spec": {
-                        "holderIdentity": self.identity,
+                        "holderIdentity": config.identity,
                         "leaseDurationSeconds": duration,
                         "acquireTime": stamp,
                         "renewTime": stamp,
                         "leaseTransitions": 0,
                     },
                 }
-                await self._api.write_lease(self.namespace, body, create=True)
+                await self._api.write_lease(config.lease_namespace, body, create=True)
                 return True
             spec = lease.setdefault("spec", {})
             holder = spec.get("holderIdentity")
             renewed = parse_time(spec.get("renewTime")) or 0.0
             held_for = spec.get("leaseDurationSeconds") or duration
-            if holder and holder != self.identity and renewed + float(held_for) > now:
+            if holder and holder != config.identity and renewed + float(held_for) > now:
                 return False  # someone else holds a live Lease
-            if holder != self.identity:
+            if holder != config.identity:
                 spec["acquireTime"] = stamp
                 spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
             spec.update(
-                holderIdentity=self.identity, renewTime=stamp, leaseDurationSeconds=duration
+                holderIdentity=config.identity, renewTime=stamp, leaseDurationSeconds=duration
             )
             # resourceVersion in the body: a concurrent writer makes this a 409.
-            await self._api.write_lease(self.namespace, lease, create=False)
+            await self._api.write_lease(config.lease_namespace, lease, create=False)
             return True
         except ApiError as error:
             if error.status == 404:
                 self._log.error(
                     "lease_namespace_missing",
                     error=error.message,
-                    fix=f"create namespace {self.namespace} or set GPUSHARE_LEASE_NAMESPACE",
+                    fix=f"create namespace {config.lease_namespace} or set "
+                    "GPUSHARE_LEASE_NAMESPACE",
                 )
             elif error.status != 409:
                 self._log.warning("lease_write_failed", error=str(error))

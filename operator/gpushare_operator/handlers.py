@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any, cast
+from typing import Any
 
 import kopf
 
@@ -28,20 +28,6 @@ from gpushare_operator.runtime import Runtime
 
 _RUNTIME = "gpushare"
 _SYNC_TIMEOUT_S = 300.0
-
-
-class _NoDiffBase(kopf.DiffBaseStorage):
-    """No essence, no diff: this operator has event and index handlers only, so kopf's
-    per-event deep copy of every body (the default diff-base) would be pure cost."""
-
-    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
-        return cast(kopf.BodyEssence, {})
-
-    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
-        return None
-
-    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
-        return None
 
 
 def runtime(memo: Any) -> Runtime:
@@ -59,7 +45,6 @@ async def startup(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> No
     settings.posting.enabled = False
     settings.posting.level = logging.WARNING
     settings.scanning.disabled = True
-    settings.persistence.diffbase_storage = _NoDiffBase()
     settings.watching.server_timeout = 300
     api_client = await kube.api_client()
     api = KubeSchedulerApi(api_client, identity=config.identity, timeout_s=config.bind_timeout_s)

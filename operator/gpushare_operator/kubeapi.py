@@ -2,7 +2,7 @@
 
 Writes go to: pods/binding (the bind, with the GPU annotations), pods/status (PodScheduled),
 events (Scheduled, FailedScheduling), gpunodes/status, gpushareconfigs/status and Leases.
-Reads of pods, nodes and GPUNodes: each kind's list call, for the Reflector that lists and
+Reads of pods, nodes and GPUNodes: each resource's list call, for the Reflector that lists and
 watches it (gpushare.kube.reflector); single pods are read back after a refused bind.
 """
 
@@ -23,7 +23,7 @@ COMPONENT = "gpushare-scheduler"
 
 
 class SchedulerApi(Protocol):
-    def lister(self, kind: str) -> ListCall:
+    def lister(self, resource: str) -> ListCall:
         """The list (and watch) call of `pods`, `nodes` or `gpunodes`, for a Reflector."""
         ...
 
@@ -35,7 +35,9 @@ class SchedulerApi(Protocol):
 
     async def set_unschedulable(self, pod: PodRef, reason: str, message: str) -> None: ...
 
-    async def post_event(self, pod: PodRef, *, kind: str, reason: str, message: str) -> None: ...
+    async def post_event(
+        self, pod: PodRef, *, event_type: str, reason: str, message: str
+    ) -> None: ...
 
     async def patch_gpunode_status(self, name: str, status: Mapping[str, Any]) -> None: ...
 
@@ -58,10 +60,10 @@ class KubeSchedulerApi:
         self._identity = identity
         self._timeout = timeout_s
 
-    def lister(self, kind: str) -> ListCall:
-        if kind == "pods":
+    def lister(self, resource: str) -> ListCall:
+        if resource == "pods":
             return self._core.list_pod_for_all_namespaces
-        if kind == "nodes":
+        if resource == "nodes":
             return self._core.list_node
         return functools.partial(
             self._objects.list_cluster_custom_object,
@@ -115,7 +117,7 @@ class KubeSchedulerApi:
             )
         )
 
-    async def post_event(self, pod: PodRef, *, kind: str, reason: str, message: str) -> None:
+    async def post_event(self, pod: PodRef, *, event_type: str, reason: str, message: str) -> None:
         stamp = rfc3339()
         event = {
             "apiVersion": "v1",
@@ -128,7 +130,7 @@ class KubeSchedulerApi:
                 "name": pod.name,
                 "uid": pod.uid,
             },
-            "type": kind,
+            "type": event_type,
             "reason": reason,
             "message": message,
             "source": {"component": COMPONENT},

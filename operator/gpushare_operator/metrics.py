@@ -20,9 +20,9 @@ class SchedulerMetrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
             registry=self.registry,
         )
-        self.card_allocated = Gauge(
-            "gpushare_card_allocated_units",
-            "GPU memory units allocated on each card.",
+        self.card_allocated_mib = Gauge(
+            "gpushare_card_allocated_mib",
+            "GPU memory allocated on each card, in MiB (gpu-number pods hold the whole card).",
             ["node", "card"],
             registry=self.registry,
         )

@@ -73,7 +73,7 @@ class Reporter:
         async def report() -> None:
             await self._api.set_unschedulable(pod, UNSCHEDULABLE, message)
             await self._api.post_event(
-                pod, kind="Warning", reason=FAILED_SCHEDULING, message=message
+                pod, event_type="Warning", reason=FAILED_SCHEDULING, message=message
             )
 
         self._enqueue(pod, report)
@@ -88,7 +88,7 @@ class Reporter:
             message += f", whole card(s) {format_card_indices(placement.cards)}"
 
         async def report() -> None:
-            await self._api.post_event(pod, kind="Normal", reason=SCHEDULED, message=message)
+            await self._api.post_event(pod, event_type="Normal", reason=SCHEDULED, message=message)
 
         self._enqueue(pod, report)
 

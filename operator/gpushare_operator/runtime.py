@@ -14,19 +14,22 @@ import contextlib
 import ctypes
 import gc
 import time
+from typing import Any
 
 from gpushare import logs
-from gpushare.kube.reflector import Reflector, name_of
+from gpushare.kube.reflector import DELETED, Reflector, name_of
 from gpushare.model import NodeName, PodUid, contract
-from gpushare.model.bodies import Body, path, text
-from gpushare_operator.cache import PodChange, SchedulerCache, slim_node, slim_pod
+from gpushare.model.bodies import Body, path, resource_version, text
 from gpushare_operator.config import ConfigError, OperatorConfig, describe, with_live
 from gpushare_operator.election import LeaseElector
 from gpushare_operator.kubeapi import SchedulerApi
 from gpushare_operator.metrics import SchedulerMetrics
-from gpushare_operator.queue import SchedulingQueue
 from gpushare_operator.reporting import Reporter
 from gpushare_operator.scheduler import Scheduler
+from gpushare_operator.scheduling.cache import PodChange, SchedulerCache
+from gpushare_operator.scheduling.podinfo import PodInfo
+from gpushare_operator.scheduling.queue import SchedulingQueue
+from gpushare_operator.scheduling.slim import slim_node
 from gpushare_operator.status import StatusWriter
 
 
@@ -40,6 +43,9 @@ def release_memory() -> None:
 
 
 class Runtime:
+    """Every component reads the live configuration the same way: through `current_config`,
+    at the moment it needs a value (a GPUShareConfig change replaces `config`, nothing else)."""
+
     def __init__(
         self, *, config: OperatorConfig, api: SchedulerApi, metrics: SchedulerMetrics | None = None
     ) -> None:
@@ -47,14 +53,8 @@ class Runtime:
         self.config = config
         self.api = api
         self.metrics = metrics or SchedulerMetrics()
-        self.cache = SchedulerCache(
-            scheduler_names=config.scheduler_names, assignment_timeout_s=config.assignment_timeout_s
-        )
-        self.queue = SchedulingQueue(
-            backoff_initial_s=config.backoff_initial_s,
-            backoff_max_s=config.backoff_max_s,
-            unschedulable_retry_s=config.unschedulable_retry_s,
-        )
+        self.cache = SchedulerCache(config=self.current_config)
+        self.queue = SchedulingQueue(config=self.current_config)
         self.reporter = Reporter(api)
         self.scheduler = Scheduler(
             cache=self.cache,
@@ -62,49 +62,43 @@ class Runtime:
             api=api,
             reporter=self.reporter,
             metrics=self.metrics,
-            config=lambda: self.config,
-            observe=lambda body: self.pod_event("MODIFIED", slim_pod(body)),
+            config=self.current_config,
+            pod_event=self.pod_event,
         )
         self.status = StatusWriter(
-            cache=self.cache, api=api, metrics=self.metrics, interval_s=config.status_interval_s
+            cache=self.cache, api=api, metrics=self.metrics, config=self.current_config
         )
         self.elector = LeaseElector(
             api,
-            namespace=config.lease_namespace,
-            name=config.lease_name,
-            identity=config.identity,
-            lease_duration_s=config.lease_duration_s,
-            renew_deadline_s=config.renew_deadline_s,
-            retry_period_s=config.retry_period_s,
+            config=self.current_config,
             on_started_leading=self._start_leading,
             on_stopped_leading=self._stop_leading,
         )
         self._pods = Reflector(
             "pods",
             api.lister("pods"),
-            apply=self.pod_event,
-            listed=self._listed_pods,
-            transform=slim_pod,
+            transform=PodInfo.parse,
+            on_event=self.pod_event,
+            on_listed=self._listed_pods,
         )
-        self.reflectors = (
-            Reflector(
-                "nodes",
-                api.lister("nodes"),
-                apply=self.node_event,
-                listed=self._listed_nodes,
-                key=name_of,
-                transform=slim_node,
-            ),
-            Reflector(
-                "gpunodes",
-                api.lister("gpunodes"),
-                apply=self.gpunode_event,
-                listed=self._listed_gpunodes,
-                key=name_of,
-                optional=True,
-            ),
-            self._pods,
+        nodes = Reflector(
+            "nodes",
+            api.lister("nodes"),
+            transform=slim_node,
+            on_event=self.node_event,
+            on_listed=self._listed_nodes,
+            key=name_of,
         )
+        gpunodes = Reflector(
+            "gpunodes",
+            api.lister("gpunodes"),
+            transform=dict,
+            on_event=self.gpunode_event,
+            on_listed=self._listed_gpunodes,
+            key=name_of,
+            optional=True,
+        )
+        self.reflectors: tuple[Reflector[Any], ...] = (nodes, gpunodes, self._pods)
         self.synced = asyncio.Event()
         self.started_at = time.monotonic()
         self.last_event: dict[str, float] = {}
@@ -113,6 +107,9 @@ class Runtime:
         self._logged_problems: dict[str, str] = {}
         self._versions: dict[str, int] = {}
         self._log = logs.get("operator", identity=config.identity)
+
+    def current_config(self) -> OperatorConfig:
+        return self.config
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -175,7 +172,7 @@ class Runtime:
         known nodes; one large list at a time), then open the leader's work."""
         for reflector in self.reflectors:
             reflector.start()
-            await reflector.listed.wait()
+            await reflector.synced.wait()
         release_memory()
         self.synced.set()
         self._log.info(
@@ -198,11 +195,11 @@ class Runtime:
 
     def _listed_nodes(self, names: set[str], version: str) -> None:
         for name in set(self.cache.node_names()) - names:
-            self.node_event("DELETED", {"metadata": {"name": name}})
+            self.node_event(DELETED, {"metadata": {"name": name}})
 
     def _listed_gpunodes(self, names: set[str], version: str) -> None:
         for name in set(self.cache.gpunode_names()) - names:
-            self.gpunode_event("DELETED", {"metadata": {"name": name}})
+            self.gpunode_event(DELETED, {"metadata": {"name": name}})
 
     def _listed_pods(self, uids: set[str], version: str) -> None:
         """Forget the pods the cache knows that a LIST did not show, unless the cache saw
@@ -211,44 +208,43 @@ class Runtime:
         newest = int(version) if version.isdigit() else -1
         for uid in self.cache.known_pod_uids() - uids:
             if self._versions.get(f"pod/{uid}", -1) <= newest:
-                self.pod_event("DELETED", {"metadata": {"uid": uid}})
+                self.pod_event(DELETED, PodInfo.gone(PodUid(uid)))
         # Pods the cache does not hold (not ours) whose deletion the watch missed.
         for key in [key for key in self._versions if key.startswith("pod/")]:
             if key.removeprefix("pod/") not in uids and self._versions[key] <= newest:
                 del self._versions[key]
 
-    def _stale(self, key: str, kind: str | None, body: Body) -> bool:
+    def _stale(self, key: str, event_type: str, version: int | None) -> bool:
         """Whether an event shows an older state than the cache already holds."""
-        raw = text(path(body, "metadata").get("resourceVersion")) or ""
-        if kind == "DELETED":
+        if event_type == DELETED:
             self._versions.pop(key, None)
             return False
-        if not raw.isdigit():
-            return False  # opaque: trust the order kopf delivers in
-        version = int(raw)
+        if version is None:
+            return False  # opaque: trust the order the watch delivers in
         if version < self._versions.get(key, -1):
             return True
         self._versions[key] = version
         return False
 
-    def pod_event(self, kind: str | None, body: Body) -> None:
+    def pod_event(self, event_type: str, pod: PodInfo) -> None:
+        """The one way in for what is known of a pod: the watch's events, a LIST that no
+        longer shows it, and the scheduler's own findings (a bind refused with 404 or 409)."""
         self.last_event["pods"] = time.monotonic()
-        uid = PodUid(text(path(body, "metadata").get("uid")) or "")
-        if self._stale(f"pod/{uid}", kind, body):
+        uid = pod.uid
+        if self._stale(f"pod/{uid}", event_type, pod.resource_version):
             return
-        if kind == "DELETED":
+        if event_type == DELETED:
             change = self.cache.forget_pod(uid)
             self.reporter.forget(uid)
             self.queue.remove(uid)
             self._logged_problems.pop(f"pod {uid}", None)
         else:
-            seen = self.cache.observe_pod(body)
+            seen = self.cache.observe_pod(pod)
             change = seen.change
-            for message in seen.problems.messages:
+            for message in seen.problems:
                 self._log_once(f"pod {uid}", message)
         if change is PodChange.PENDING:
-            priority = path(body, "spec").get("priority")
-            self.queue.add(uid, priority if isinstance(priority, int) else 0)
+            self.queue.add(uid, pod.priority)
         elif change is PodChange.BOUND:
             self.queue.remove(uid)
         elif change is PodChange.GONE:
@@ -258,12 +254,12 @@ class Runtime:
             # Only pods of the same request were held back by the assignment wait.
             self.queue.wake(seen.signature)
 
-    def node_event(self, kind: str | None, body: Body) -> None:
+    def node_event(self, event_type: str, body: Body) -> None:
         self.last_event["nodes"] = time.monotonic()
         name = text(path(body, "metadata").get("name")) or ""
-        if self._stale(f"node/{name}", kind, body):
+        if self._stale(f"node/{name}", event_type, resource_version(body)):
             return
-        if kind == "DELETED":
+        if event_type == DELETED:
             self.cache.forget_node(NodeName(name))
             return
         change = self.cache.observe_node(body)
@@ -272,14 +268,14 @@ class Runtime:
         if change.changed:
             self.queue.wake()
 
-    def gpunode_event(self, kind: str | None, body: Body) -> None:
+    def gpunode_event(self, event_type: str, body: Body) -> None:
         self.last_event["gpunodes"] = time.monotonic()
         name = NodeName(text(path(body, "metadata").get("name")) or "")
-        if self._stale(f"gpunode/{name}", kind, body):
+        if self._stale(f"gpunode/{name}", event_type, resource_version(body)):
             return
         change = (
             self.cache.forget_gpunode(name)
-            if kind == "DELETED"
+            if event_type == DELETED
             else self.cache.observe_gpunode(body)
         )
         if change.problem:
@@ -294,23 +290,20 @@ class Runtime:
 
     # -- live configuration --------------------------------------------------------------
 
-    async def apply_config(self, kind: str | None, name: str, spec: Body) -> tuple[bool, str]:
+    async def apply_config(self, event_type: str, name: str, spec: Body) -> tuple[bool, str]:
         """Apply a GPUShareConfig; returns (accepted, message) for its status."""
         live = contract.LIVE_CONFIG_NAME
         if name != live:
             return False, f"ignored: only the GPUShareConfig named {live!r} is read"
         try:
-            config = self.base_config if kind == "DELETED" else with_live(self.base_config, spec)
+            config = (
+                self.base_config if event_type == DELETED else with_live(self.base_config, spec)
+            )
         except ConfigError as error:
             self._log.warning("config_refused", error=str(error))
             return False, f"{error}; the previous configuration stays in force"
         names_changed = config.scheduler_names != self.config.scheduler_names
         self.config = config
-        self.cache.scheduler_names = config.scheduler_names
-        self.cache.assignment_timeout_s = config.assignment_timeout_s
-        self.queue.backoff_initial_s = config.backoff_initial_s
-        self.queue.backoff_max_s = config.backoff_max_s
-        self.queue.unschedulable_retry_s = config.unschedulable_retry_s
         if names_changed:
             # Pods of a newly served (or dropped) scheduler name wait unbound: look again
             # (also when the first list is under way; before it starts, it will see them).

@@ -4,7 +4,8 @@ A scheduling cycle (`schedule_one`) is synchronous: pop a pod, read its request,
 place it with the model, and assume the result in the cache; only then does the binding
 cycle (`_bind`) run as its own task, so the next decision sees this one at once while API
 calls overlap. A failed bind forgets the assumption and backs the pod off; a 409 or 404
-(someone else bound it, or it is gone) drops it, the watch brings the truth.
+(someone else bound it, or it is gone) drops it: what the scheduler then knows of the pod
+goes in through the runtime's `pod_event`, the way the watch's events do.
 """
 
 from __future__ import annotations
@@ -18,27 +19,25 @@ from structlog.typing import FilteringBoundLogger
 
 from gpushare import logs
 from gpushare.kube import ApiError
-from gpushare.kube.clock import parse_time
+from gpushare.kube.reflector import DELETED, MODIFIED
 from gpushare.kube.retry import Backoff
-from gpushare.model import NodeName, Placement, PodRef, PodUid, contract, pod_ref
-from gpushare.model.bodies import Body, path
-from gpushare_operator.cache import SchedulerCache
+from gpushare.model import PodRef, PodUid, contract
 from gpushare_operator.config import OperatorConfig
-from gpushare_operator.decision import Refusal, plan
 from gpushare_operator.kubeapi import SchedulerApi
 from gpushare_operator.metrics import SchedulerMetrics
-from gpushare_operator.queue import SchedulingQueue
 from gpushare_operator.reporting import Reporter
+from gpushare_operator.scheduling.cache import SchedulerCache
+from gpushare_operator.scheduling.decision import Plan, Refusal, plan
+from gpushare_operator.scheduling.podinfo import PodInfo
+from gpushare_operator.scheduling.queue import SchedulingQueue
 
 _BIND_ATTEMPTS = 5
 
 
 @dataclass(frozen=True, slots=True)
 class _Decision:
-    body: Body
-    pod: PodRef
-    node: NodeName
-    placement: Placement | None
+    pod: PodInfo
+    plan: Plan
 
 
 class Scheduler:
@@ -51,7 +50,7 @@ class Scheduler:
         reporter: Reporter,
         metrics: SchedulerMetrics,
         config: Callable[[], OperatorConfig],
-        observe: Callable[[Body], None] = lambda body: None,
+        pod_event: Callable[[str, PodInfo], None],
     ) -> None:
         self.cache = cache
         self.queue = queue
@@ -59,7 +58,7 @@ class Scheduler:
         self._reporter = reporter
         self._metrics = metrics
         self._config = config
-        self._observe = observe
+        self._pod_event = pod_event
         self._binds: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(config().max_concurrent_binds)
         self._log = logs.get("scheduler")
@@ -72,7 +71,9 @@ class Scheduler:
                 decision = self.schedule_one(uid)
                 if decision is not None:
                     await self._slots.acquire()  # bounds the binds in flight
-                    task = asyncio.create_task(self._bind(decision), name=f"bind {decision.pod}")
+                    task = asyncio.create_task(
+                        self._bind(decision), name=f"bind {decision.pod.ref}"
+                    )
                     self._binds.add(task)
                     task.add_done_callback(self._binds.discard)
                 depth = self.queue.depth()
@@ -88,35 +89,26 @@ class Scheduler:
 
     def schedule_one(self, uid: PodUid) -> _Decision | None:
         """Decide for one pod: assume and return the decision, or report why not."""
-        body = self.cache.pending(uid)
-        if body is None:
+        pod = self.cache.pending(uid)
+        if pod is None:
             self.queue.remove(uid)
             return None
-        if path(body, "spec").get("schedulingGates"):
+        if pod.gated:
             self.queue.park(uid)  # the apiserver refuses to bind gated pods
             return None
-        pod = pod_ref(body)
-        outcome = self._decide(body, pod)
+        outcome = plan(self.cache, pod, self._config().policy)
         if isinstance(outcome, Refusal):
-            self._unschedulable(uid, pod, outcome)
+            self._unschedulable(uid, pod.ref, outcome)
             return None
-        return outcome
-
-    def _decide(self, body: Body, pod: PodRef) -> _Decision | Refusal:
-        outcome = plan(self.cache, body, self._config().policy)
-        if isinstance(outcome, Refusal):
-            return outcome
         for earlier in outcome.expired.values():
             self._log.warning(
                 "assignment_wait_expired",
-                pod=str(pod),
+                pod=str(pod.ref),
                 waited_for=str(earlier),
                 note="placed although an earlier pod of the same request is still unassigned",
             )
-        self.cache.assume(
-            body, outcome.placement, outcome.node, outcome.request, outcome.needs.requests
-        )
-        return _Decision(body=body, pod=pod, node=outcome.node, placement=outcome.placement)
+        self.cache.assume(pod, outcome)
+        return _Decision(pod, outcome)
 
     def _unschedulable(self, uid: PodUid, pod: PodRef, refusal: Refusal) -> None:
         message = refusal.message
@@ -136,7 +128,7 @@ class Scheduler:
     async def _bind_once(self, decision: _Decision) -> None:
         """Bind, retrying the same decision on transient errors (the assumption stays, so
         a bind that succeeded unseen is never counted twice, nor its card given away)."""
-        pod, node, placement = decision.pod, decision.node, decision.placement
+        pod, node, placement = decision.pod.ref, decision.plan.node, decision.plan.placement
         log = self._log.bind(
             pod=str(pod), node=node, card=list(placement.cards) if placement else None
         )
@@ -157,16 +149,16 @@ class Scheduler:
                     await self._api.bind(pod, node, annotations)
                 break
             except ApiError as error:
-                if error.status == 404:
-                    self.cache.forget_pod(pod.uid)  # deleted meanwhile
+                if error.status == 404:  # deleted meanwhile
                     self._dropped(pod, log, error)
+                    self._pod_event(DELETED, decision.pod)
                     return
                 if error.status == 409:
                     # Already bound: by our own earlier attempt, or by a previous leader the
                     # watch has not shown yet (perhaps on another card). Read the truth now,
                     # so that the assumption never counts a card the pod does not hold.
                     self._dropped(pod, log, error)
-                    await self._read_back(pod, log)
+                    await self._read_back(decision.pod, log)
                     return
                 if error.status < 500 and error.status != 429:
                     self._requeue(pod, log, f"{error.status}: {error.message}")
@@ -180,22 +172,22 @@ class Scheduler:
             return
         self.queue.remove(pod.uid)
         self._metrics.attempts.labels("scheduled").inc()
-        created = _created(decision.body)
+        created = decision.pod.created_s
         if created is not None:
             self._metrics.latency.observe(max(0.0, time.time() - created))
         log.info("pod_bound", free_after=placement.free_after if placement else None)
         self._reporter.bound(pod, node, placement)
 
-    async def _read_back(self, pod: PodRef, log: FilteringBoundLogger) -> None:
+    async def _read_back(self, pod: PodInfo, log: FilteringBoundLogger) -> None:
         try:
-            body = await self._api.read_pod(pod)
+            body = await self._api.read_pod(pod.ref)
         except (ApiError, OSError, TimeoutError) as error:
             log.warning("read_back_failed", error=str(error))  # the watch will correct it
             return
         if body is None:
-            self.cache.forget_pod(pod.uid)
+            self._pod_event(DELETED, pod)
         else:
-            self._observe(body)
+            self._pod_event(MODIFIED, PodInfo.parse(body))
 
     def _dropped(self, pod: PodRef, log: FilteringBoundLogger, error: ApiError) -> None:
         self.queue.remove(pod.uid)
@@ -207,7 +199,3 @@ class Scheduler:
         delay = self.queue.backoff(pod.uid)
         self._metrics.attempts.labels("error").inc()
         log.warning("bind_failed", error=error, retry_in_s=delay)
-
-
-def _created(body: Body) -> float | None:
-    return parse_time(path(body, "metadata").get("creationTimestamp"))

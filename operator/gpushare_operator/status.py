@@ -6,15 +6,17 @@ Runs on the leader only; writes a node's status only when it changed since the l
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from gpushare import logs
 from gpushare.kube import ApiError
 from gpushare.model import NodeName
 from gpushare.model.status import gpunode_status
-from gpushare_operator.cache import SchedulerCache
+from gpushare_operator.config import OperatorConfig
 from gpushare_operator.kubeapi import SchedulerApi
 from gpushare_operator.metrics import SchedulerMetrics
+from gpushare_operator.scheduling.cache import SchedulerCache
 
 
 class StatusWriter:
@@ -24,19 +26,19 @@ class StatusWriter:
         cache: SchedulerCache,
         api: SchedulerApi,
         metrics: SchedulerMetrics,
-        interval_s: float,
+        config: Callable[[], OperatorConfig],
     ) -> None:
         self._cache = cache
         self._api = api
         self._metrics = metrics
-        self.interval_s = interval_s
+        self._config = config
         self._written: dict[NodeName, dict[str, Any]] = {}
         self._log = logs.get("status")
 
     async def run(self) -> None:
         while True:
             await self.write_changed()
-            await asyncio.sleep(self.interval_s)
+            await asyncio.sleep(self._config().status_interval_s)
 
     async def write_changed(self) -> None:
         for name in self._cache.gpunode_names():
@@ -45,7 +47,7 @@ class StatusWriter:
                 continue
             status = gpunode_status(usage)
             for card in status["cards"]:
-                self._metrics.card_allocated.labels(name, str(card["index"])).set(
+                self._metrics.card_allocated_mib.labels(name, str(card["index"])).set(
                     card["allocatedMiB"]
                 )
             if self._written.get(name) == status:

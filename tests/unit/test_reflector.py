@@ -93,8 +93,8 @@ class Owner:
         self.held: set[str] = set()
         self.lists = 0
 
-    def apply(self, kind: str, body: dict[str, Any]) -> None:
-        (self.held.discard if kind == "DELETED" else self.held.add)(name_of(body))
+    def apply(self, event_type: str, body: dict[str, Any]) -> None:
+        (self.held.discard if event_type == "DELETED" else self.held.add)(name_of(body))
 
     def listed(self, names: set[str], version: str) -> None:
         self.lists += 1
@@ -114,10 +114,12 @@ def quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(reflector_module, "BACKOFF_MIN_S", 0.01)
 
 
-async def reflecting(apiserver: Apiserver, owner: Owner) -> Reflector:
-    reflector = Reflector("pods", apiserver, apply=owner.apply, listed=owner.listed, key=name_of)
+async def reflecting(apiserver: Apiserver, owner: Owner) -> Reflector[dict[str, Any]]:
+    reflector = Reflector(
+        "pods", apiserver, transform=dict, on_event=owner.apply, on_listed=owner.listed, key=name_of
+    )
     reflector.start()
-    await until(reflector.listed.is_set)
+    await until(reflector.synced.is_set)
     return reflector
 
 

@@ -2,7 +2,7 @@
 `gpushare.model`, which never imports this package).
 
 - `client`: client set-up, raw JSON responses with a checked status (`ApiError`), `read_pod`.
-- `reflector`: list-then-watch, the one way gpushare reads a kind.
+- `reflector`: list-then-watch, the one way gpushare reads a resource.
 - `retry`: trying again, written once: the delays (`Backoff`), a call tried until it answers
   (`retry`), a wait that a stop event cuts short (`pause`).
 - `clock`: the timestamps Kubernetes objects carry (RFC 3339, MicroTime), written and read.

@@ -1,14 +1,15 @@
-"""List-then-watch, as client-go's reflector does it: the one way gpushare reads a kind.
+"""List-then-watch, as client-go's reflector does it: the one way gpushare reads a resource.
 
 A LIST in pages, each object handed to the owner as its page arrives (so neither the raw
 JSON nor the objects of a large cluster are ever held whole), then a WATCH from the list's
 resourceVersion, resumed from the last version seen when the server ends it or the
 connection breaks, and a new LIST only when that version has expired (410) or something
 unforeseen went wrong. The owner sees two synchronous calls (each lands in one step between
-awaits): `apply` for every listed object and every watched change, in order, and `listed`
-when a LIST is complete, with the keys it held: what the owner holds beyond them is gone.
+awaits): `on_event` for every listed object and every watched change, in order, each as the
+owner's `transform` made it, and `on_listed` when a LIST is complete, with the keys it held:
+what the owner holds beyond them is gone.
 
-The operator uses one per kind (nodes, GPUNodes, pods) instead of kopf's watches, whose
+The operator uses one per resource (nodes, GPUNodes, pods) instead of kopf's watches, whose
 initial listing is not paged and keeps state per object: at 50,000 pods that alone cost
 hundreds of MiB. The device plugin uses one for the pods bound to its node.
 """
@@ -19,7 +20,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
 import aiohttp
 
@@ -30,10 +31,12 @@ from gpushare.kube.retry import Backoff
 ListCall = Callable[..., Awaitable[object]]
 """A kubernetes_asyncio list method with its selectors bound (functools.partial)."""
 Item = dict[str, Any]
-Transform = Callable[[Item], Item]
+T = TypeVar("T")
 
 LISTED = "LISTED"
-"""The event type `apply` gets for each object of a LIST."""
+"""The event type `on_event` gets for each object of a LIST."""
+DELETED = "DELETED"
+MODIFIED = "MODIFIED"
 PAGE_SIZE = 500  # client-go's pager uses the same
 LIST_TIMEOUT_S = 300  # a LIST of a large cluster is slow
 WATCH_S = 300
@@ -45,10 +48,6 @@ QUICK_END_S = 1.0
 
 class WatchExpired(Exception):
     """The resourceVersion to watch or page from is too old (410): list again."""
-
-
-def _keep(item: Item) -> Item:
-    return item
 
 
 def uid_of(item: Item) -> str:
@@ -112,12 +111,12 @@ async def watch(call: ListCall, resource_version: str) -> AsyncIterator[tuple[st
             obj = event.get("object") if isinstance(event, dict) else None
             if not isinstance(obj, dict):
                 raise ValueError(f"not a watch event: {line[:200]!r}")
-            kind = str(event.get("type"))
-            if kind == "ERROR":
+            event_type = str(event.get("type"))
+            if event_type == "ERROR":
                 if obj.get("code") == 410:
                     raise WatchExpired(str(obj.get("message")))
                 raise ApiError(int(obj.get("code") or 500), str(obj.get("message")))
-            yield kind, obj
+            yield event_type, obj
 
 
 async def _lines(stream: aiohttp.StreamReader) -> AsyncIterator[bytes]:
@@ -134,34 +133,36 @@ async def _lines(stream: aiohttp.StreamReader) -> AsyncIterator[bytes]:
         yield buffered
 
 
-class Reflector:
-    """Keeps its owner current with one kind, for ever, until stopped."""
+class Reflector(Generic[T]):
+    """Keeps its owner current with one resource (a plural: pods, nodes...) for ever, until
+    stopped."""
 
     def __init__(
         self,
-        what: str,
+        resource: str,
         call: ListCall,
         *,
-        apply: Callable[[str, Item], None],
-        listed: Callable[[set[str], str], None],
+        transform: Callable[[Item], T],
+        on_event: Callable[[str, T], None],
+        on_listed: Callable[[set[str], str], None],
         key: Callable[[Item], str] = uid_of,
-        transform: Transform = _keep,
         optional: bool = False,
         page_size: int = PAGE_SIZE,
     ) -> None:
-        """`apply(type, object)`: each object of a LIST (type LISTED) and each watched change.
-        `listed(keys, resourceVersion)`: a LIST is complete and these were its objects' keys;
-        whatever else the owner holds is gone. `optional`: a 404 (the kind's CRD is not
-        installed) lists as empty, and the reflector looks again later."""
-        self.what = what
+        """`transform(object)`: what the owner keeps of each object (parsed, or slimmed).
+        `on_event(event type, transformed object)`: each object of a LIST (type LISTED) and
+        each watched change. `on_listed(keys, resourceVersion)`: a LIST is complete and these
+        were its objects' keys; whatever else the owner holds is gone. `optional`: a 404 (the
+        resource's CRD is not installed) lists as empty, and the reflector looks again later."""
+        self.resource = resource
         self._call = call
-        self._apply = apply
-        self._listed = listed
+        self._on_event = on_event
+        self._on_listed = on_listed
         self._key = key
         self._transform = transform
         self._optional = optional
         self._page_size = page_size
-        self.listed = asyncio.Event()
+        self.synced = asyncio.Event()
         """Set once the first LIST has been handed over."""
         self.listed_at = 0.0
         """When the last LIST was handed over (monotonic)."""
@@ -170,13 +171,13 @@ class Reflector:
         self._fresh = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopped = True
-        self._log = logs.get("reflector", kind=what)
+        self._log = logs.get("reflector", resource=resource)
 
     def start(self) -> None:
         """Run in a task of its own, until `stop`."""
         self._stopped = False
         self._fresh.clear()
-        self._task = asyncio.create_task(self.run(), name=f"reflector {self.what}")
+        self._task = asyncio.create_task(self.run(), name=f"reflector {self.resource}")
 
     async def stop(self) -> None:
         """End the task; whoever waits in `relist` is let go."""
@@ -215,11 +216,11 @@ class Reflector:
                     version = await self._list()
                     delays = backoff.delays()
                 opened, events = time.monotonic(), 0
-                async for kind, body in watch(self._call, version):
+                async for event_type, body in watch(self._call, version):
                     events += 1
                     version = str((body.get("metadata") or {}).get("resourceVersion") or version)
-                    if kind != "BOOKMARK":
-                        self._deliver(kind, body)
+                    if event_type != "BOOKMARK":
+                        self._deliver(event_type, body)
                 if events or time.monotonic() - opened >= QUICK_END_S:
                     delays = backoff.delays()
                 else:  # ended at once: do not hammer the server
@@ -258,23 +259,23 @@ class Reflector:
         self._handed_over(keys, version)
         return version
 
-    def _deliver(self, kind: str, body: Item) -> None:
+    def _deliver(self, event_type: str, body: Item) -> None:
         """One object to the owner. A failure there is a bug for one object, logged with
         it; the others (and the watch) go on, as an informer's do."""
         try:
-            self._apply(kind, self._transform(body))
+            self._on_event(event_type, self._transform(body))
         except Exception:
-            self._log.exception("apply_failed", type=kind, object=self._key(body))
+            self._log.exception("apply_failed", type=event_type, object=self._key(body))
 
     def _handed_over(self, keys: set[str], version: str) -> None:
         try:
-            self._listed(keys, version)
+            self._on_listed(keys, version)
         except Exception:
             self._log.exception("listed_failed", objects=len(keys))
         self.count = len(keys)
         self.listed_at = time.monotonic()
         self._fresh.set()
-        self.listed.set()
+        self.synced.set()
 
     async def _back_off(
         self, error: Exception | str, delays: Iterator[float], *, unforeseen: bool = False

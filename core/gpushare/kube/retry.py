@@ -2,9 +2,9 @@
 until it answers (`retry`), and a wait that a stop event cuts short (`pause`).
 
 Every loop of gpushare that tries something again uses these: the reflector, the scheduler's
-bind, the CLI's reads, the device plugin's `gpu-assigned` write, its serving loop and its
-first inventory publication. Each keeps its own delays, attempt count and log lines; only the
-arithmetic and the waiting live here.
+bind, the scheduling queue's backoff, the CLI's reads, the device plugin's `gpu-assigned`
+write, its serving loop and its first inventory publication. Each keeps its own delays,
+attempt count and log lines; only the arithmetic and the waiting live here.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ _T = TypeVar("_T")
 
 FACTOR = 2.0
 """Each delay is this many times the one before (until the maximum)."""
+_MAX_EXPONENT = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +42,14 @@ class Backoff:
     def delays(self, count: int | None = None) -> Iterator[float]:
         """The delays in turn: `count` of them, or for ever. A new call starts over (what a
         loop does after a success)."""
-        delay = self.initial_s
-        for _ in itertools.repeat(None) if count is None else range(count):
-            yield self._spread(delay)
-            delay = min(delay * self.factor, self.max_s)
+        for attempt in itertools.count(1) if count is None else range(1, count + 1):
+            yield self.delay(attempt)
+
+    def delay(self, attempt: int) -> float:
+        """The delay after failed try number `attempt` (1 for the first)."""
+        # The exponent stops growing once the maximum is reached (a float power overflows).
+        growth = self.factor ** min(attempt - 1, _MAX_EXPONENT) if self.factor > 1 else 1.0
+        return self._spread(min(self.initial_s * growth, self.max_s))
 
     def _spread(self, delay: float) -> float:
         if not self.jitter:

@@ -1,6 +1,6 @@
 """Reading raw Kubernetes objects safely.
 
-Bodies arrive as plain JSON dicts (kopf bodies, raw API responses, YAML files) and are
+Bodies arrive as plain JSON dicts (watch events, raw API responses, YAML files) and are
 untrusted: any field may be missing or of the wrong type. These helpers make "missing" and
 "mistyped" read the same, so the rest of the model never indexes a raw dict. `Any` stays
 inside this module.
@@ -47,6 +47,14 @@ def annotations_of(body: Body) -> Mapping[str, str]:
     """metadata.annotations with non-string values left out."""
     raw = path(body, "metadata", "annotations")
     return {key: value for key, value in raw.items() if isinstance(value, str)}
+
+
+def resource_version(body: Body) -> int | None:
+    """metadata.resourceVersion as a number, to order two states of one object; None where
+    it is missing or opaque (the API only promises an opaque string, though etcd gives
+    numbers)."""
+    raw = text(path(body, "metadata").get("resourceVersion")) or ""
+    return int(raw) if raw.isdigit() else None
 
 
 def describe(body: Body, kind: str) -> str:

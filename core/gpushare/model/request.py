@@ -19,6 +19,9 @@ from gpushare.model.bodies import Body, describe, mapping, path, sequence, text
 from gpushare.model.errors import InvalidRequest
 from gpushare.model.quantity import parse_quantity
 
+Signature = tuple[str, tuple[tuple[bool, int], ...]]
+"""A request's GPU kind and per-container (init, amount): see `PodRequest.signature`."""
+
 
 class GpuKind(StrEnum):
     """What a pod asks for: a share of one card's memory, or whole cards."""
@@ -50,7 +53,7 @@ class PodRequest:
     """The containers whose limit asks for the pod's kind, in spec order."""
 
     @property
-    def signature(self) -> tuple[str, tuple[tuple[bool, int], ...]]:
+    def signature(self) -> Signature:
         """Pods with equal signatures are interchangeable to the device plugin's Allocate."""
         kind = self.kind.value if self.kind else ""
         return kind, tuple((c.init, c.amount) for c in self.containers)

@@ -4,44 +4,48 @@ from __future__ import annotations
 
 from builders import capacity_node, gpu_pod
 
-from gpushare.model import CardIndex, NodeName, Placement, PodRequest, gpu_request, place
+from gpushare.model import CardIndex, NodeName, PodRequest, Policy, gpu_request
 from gpushare.model.filters import node_facts
 from gpushare.model.inventory import node_inventory
-from gpushare_operator.cache import PodChange, SchedulerCache, slim_node
+from gpushare_operator.config import OperatorConfig
+from gpushare_operator.scheduling.cache import PodChange, SchedulerCache
+from gpushare_operator.scheduling.decision import Plan, plan
+from gpushare_operator.scheduling.podinfo import PodInfo
+from gpushare_operator.scheduling.slim import slim_node
+
+CONFIG = OperatorConfig(scheduler_names=frozenset({"volcano"}), assignment_timeout_s=60)
 
 
 def cache(clock: list[float]) -> SchedulerCache:
-    c = SchedulerCache(
-        scheduler_names=frozenset({"volcano"}), assignment_timeout_s=60, clock=lambda: clock[0]
-    )
+    c = SchedulerCache(config=lambda: CONFIG, clock=lambda: clock[0])
     node = capacity_node("n", 20000, 2)
     node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    node["status"]["allocatable"] = {**node["status"]["capacity"], "pods": "110"}
     c.observe_node(node)
     return c
 
 
 def test_an_assumed_pod_counts_before_the_watch_shows_it_and_a_failed_bind_undoes_it() -> None:
     c = cache([0.0])
-    pod = gpu_pod("a", 6000, uid="ua")
+    pod = PodInfo.parse(gpu_pod("a", 6000, uid="ua"))
     assert c.observe_pod(pod).change is PodChange.PENDING
-    request = gpu_request(pod)
-    placement = place(c.ledger, request)
-    assert isinstance(placement, Placement)
-    c.assume(pod, placement, NodeName("n"), request, {"pods": 1})
+    decided = plan(c, pod, Policy.BESTFIT)
+    assert isinstance(decided, Plan)
+    c.assume(pod, decided)
     usage = c.ledger.node(NodeName("n"))
     assert usage is not None
     assert usage.cards[CardIndex(0)].used == 6000
-    assert c.pending(pod["metadata"]["uid"]) is None
-    c.forget_assumed(pod["metadata"]["uid"])
+    assert c.pending(pod.uid) is None
+    c.forget_assumed(pod.uid)
     assert usage.cards[CardIndex(0)].used == 0
-    assert c.pending(pod["metadata"]["uid"]) is not None
+    assert c.pending(pod.uid) is not None
 
 
 def test_the_exactness_rule_holds_other_cards_until_assignment() -> None:
     clock = [1000.0]
     c = cache(clock)
     bound = gpu_pod("a", 6000, node="n", index="0", uid="ua")
-    c.observe_pod(bound)
+    c.observe_pod(PodInfo.parse(bound))
     request: PodRequest = gpu_request(gpu_pod("b", 6000))
     check = c.card_check(request)
     assert check(NodeName("n"), CardIndex(0)) is None
@@ -51,7 +55,7 @@ def test_the_exactness_rule_holds_other_cards_until_assignment() -> None:
     other_size = c.card_check(gpu_request(gpu_pod("c", 5000)))
     assert other_size(NodeName("n"), CardIndex(1)) is None
     bound["metadata"]["annotations"]["volcano.sh/gpu-assigned"] = "true"
-    seen = c.observe_pod(bound)
+    seen = c.observe_pod(PodInfo.parse(bound))
     assert seen.change is PodChange.ASSIGNED
     assert seen.signature == request.signature
     assert c.card_check(request)(NodeName("n"), CardIndex(1)) is None
@@ -60,7 +64,7 @@ def test_the_exactness_rule_holds_other_cards_until_assignment() -> None:
 def test_the_assignment_wait_runs_out() -> None:
     clock = [1000.0]
     c = cache(clock)
-    c.observe_pod(gpu_pod("a", 6000, node="n", index="0", uid="ua"))
+    c.observe_pod(PodInfo.parse(gpu_pod("a", 6000, node="n", index="0", uid="ua")))
     request = gpu_request(gpu_pod("b", 6000))
     assert c.card_check(request)(NodeName("n"), CardIndex(1)) is not None
     clock[0] += 61
@@ -72,9 +76,9 @@ def test_the_assignment_wait_runs_out() -> None:
 def test_status_only_changes_of_a_pending_pod_do_not_requeue_it() -> None:
     c = cache([0.0])
     pod = gpu_pod("a", 1024, uid="ua")
-    assert c.observe_pod(pod).change is PodChange.PENDING
+    assert c.observe_pod(PodInfo.parse(pod)).change is PodChange.PENDING
     pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False"}]
-    assert c.observe_pod(pod).change is PodChange.IGNORED
+    assert c.observe_pod(PodInfo.parse(pod)).change is PodChange.IGNORED
 
 
 def test_a_slim_node_decides_as_the_whole_node_does() -> None:

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
+from dataclasses import fields
+
 import pytest
 
 from gpushare.model import Policy
-from gpushare_operator.config import ConfigError, OperatorConfig, from_env, with_live
+from gpushare_operator.config import (
+    LIVE_FIELDS,
+    OPTIONS,
+    ConfigError,
+    OperatorConfig,
+    add_flags,
+    from_env,
+    with_live,
+)
+from gpushare_operator.main import main
 
 
 def test_defaults_serve_volcano_pods_with_bestfit() -> None:
@@ -72,3 +84,39 @@ def test_a_bad_live_spec_is_refused_whole(spec: dict[str, object], hint: str) ->
     with pytest.raises(ConfigError, match="invalid configuration") as caught:
         with_live(OperatorConfig(), spec)
     assert hint in str(caught.value)
+
+
+def test_one_option_per_field_each_with_its_own_variable_and_flag() -> None:
+    assert [option.field for option in OPTIONS] == [item.name for item in fields(OperatorConfig)]
+    assert len({option.env for option in OPTIONS}) == len(OPTIONS)
+    assert len({option.flag for option in OPTIONS}) == len(OPTIONS)
+    assert set(LIVE_FIELDS) == {
+        "schedulerNames",
+        "policy",
+        "assignmentTimeoutSeconds",
+        "bindTimeoutSeconds",
+        "backoffInitialSeconds",
+        "backoffMaxSeconds",
+        "unschedulableRetrySeconds",
+    }
+
+
+def test_the_help_names_each_variable_and_default() -> None:
+    parser = argparse.ArgumentParser()
+    add_flags(parser)
+    shown = " ".join(parser.format_help().split())
+    assert "--bind-timeout BIND_TIMEOUT_S seconds for one Binding call" in shown
+    assert "($GPUSHARE_BIND_TIMEOUT; default 10)" in shown
+    assert "($GPUSHARE_SCHEDULER_NAMES; default volcano)" in shown
+    assert "($GPUSHARE_LEADER_ELECT; default true)" in shown
+
+
+def test_main_refuses_a_bad_flag_before_connecting_and_a_flag_wins_over_the_environment(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GPUSHARE_BIND_TIMEOUT", "-1")
+    monkeypatch.setenv("GPUSHARE_POLICY", "bestfit")
+    assert main(["--bind-timeout", "5", "--policy", "worstfit"]) == 2
+    refusal = capsys.readouterr().err
+    assert "GPUSHARE_POLICY='worstfit'" in refusal
+    assert "GPUSHARE_BIND_TIMEOUT" not in refusal

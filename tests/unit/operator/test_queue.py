@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from gpushare.model import PodUid
-from gpushare_operator.queue import SchedulingQueue
+from gpushare_operator.config import OperatorConfig
+from gpushare_operator.scheduling.queue import SchedulingQueue
 
 
 class Clock:
@@ -15,9 +16,8 @@ class Clock:
 
 
 def queue(clock: Clock) -> SchedulingQueue:
-    return SchedulingQueue(
-        backoff_initial_s=1, backoff_max_s=10, unschedulable_retry_s=60, clock=clock
-    )
+    config = OperatorConfig(backoff_initial_s=1, backoff_max_s=10, unschedulable_retry_s=60)
+    return SchedulingQueue(config=lambda: config, clock=clock)
 
 
 def uid(name: str) -> PodUid:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpushare.model.allocation import VisibleDevices
-from gpushare_plugin.config import DEFAULT_SOCKET_DIR, ConfigError, load
+from gpushare_plugin.config import DEFAULT_SOCKET_DIR, ConfigError, load, parser
 
 
 def test_defaults_need_only_the_node_name() -> None:
@@ -56,3 +56,22 @@ def test_every_problem_is_reported_at_once() -> None:
 def test_the_kubeconfig_comes_from_its_variable() -> None:
     config = load([], {"NODE_NAME": "n", "KUBECONFIG": "/etc/kube/config"})
     assert config.kubeconfig == Path("/etc/kube/config")
+
+
+def test_the_help_names_each_variable_and_default() -> None:
+    shown = " ".join(parser().format_help().split())
+    assert "($GPU_MEMORY_FACTOR; default 1)" in shown
+    assert "($GPUSHARE_SOCKET_DIR; default /var/lib/kubelet/device-plugins)" in shown
+    assert "($NODE_NAME)" in shown
+
+
+def test_the_health_options_make_one_policy() -> None:
+    env = {
+        "NODE_NAME": "n",
+        "DP_DISABLE_HEALTHCHECKS": "xids",
+        "GPUSHARE_HEALTH_RECOVERY_SECONDS": "7",
+    }
+    config = load(["--allocate-wait-seconds", "0"], env)
+    assert not config.health.enabled
+    assert config.health.recovery_s == 7
+    assert config.allocate_wait_s == 0

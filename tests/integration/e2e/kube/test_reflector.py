@@ -1,6 +1,6 @@
 """The list-then-watch that feeds the operator's cache and the plugin's, against the real
 apiserver: paged lists, whole events however large, deletions missed while not watching,
-and a kind whose CRD is not installed."""
+and a resource whose CRD is not installed."""
 
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ class Owner:
         self.lists: list[set[str]] = []
         self.versions: list[str] = []
 
-    def apply(self, kind: str, body: dict[str, Any]) -> None:
+    def apply(self, event_type: str, body: dict[str, Any]) -> None:
         name = name_of(body)
-        self.events.append((kind, name))
-        if kind == "DELETED":
+        self.events.append((event_type, name))
+        if event_type == "DELETED":
             self.held.pop(name, None)
         else:
             self.held[name] = body
@@ -41,12 +41,15 @@ class Owner:
             del self.held[gone]
 
 
-def pod_reflector(core: client.CoreV1Api, owner: Owner, **options: Any) -> Reflector:
+def pod_reflector(
+    core: client.CoreV1Api, owner: Owner, **options: Any
+) -> Reflector[dict[str, Any]]:
     return Reflector(
         "pods",
         functools.partial(core.list_namespaced_pod, "default"),
-        apply=owner.apply,
-        listed=owner.listed,
+        transform=dict,
+        on_event=owner.apply,
+        on_listed=owner.listed,
         key=name_of,
         **options,
     )
@@ -61,7 +64,7 @@ async def test_a_paged_list_hands_over_every_object_once_then_watches_changes_of
     reflector = pod_reflector(core, owner, page_size=3)
     reflector.start()
     try:
-        await asyncio.wait_for(reflector.listed.wait(), 30)
+        await asyncio.wait_for(reflector.synced.wait(), 30)
         expected = {f"listed-{number}" for number in range(7)}
         assert sorted(owner.events) == sorted((LISTED, name) for name in expected)
         assert owner.lists == [expected]
@@ -92,7 +95,7 @@ async def test_a_new_list_drops_what_was_deleted_while_nobody_watched(
     owner = Owner()
     reflector = pod_reflector(core, owner)
     reflector.start()
-    await asyncio.wait_for(reflector.listed.wait(), 30)
+    await asyncio.wait_for(reflector.synced.wait(), 30)
     await reflector.stop()
     await core.delete_namespaced_pod("goes", "default", grace_period_seconds=0)
 
@@ -108,7 +111,7 @@ async def test_a_new_list_drops_what_was_deleted_while_nobody_watched(
         await reflector.stop()
 
 
-async def test_a_kind_whose_crd_is_missing_lists_as_empty(api: client.ApiClient) -> None:
+async def test_a_resource_whose_crd_is_missing_lists_as_empty(api: client.ApiClient) -> None:
     owner = Owner()
     reflector = Reflector(
         "missing",
@@ -118,13 +121,14 @@ async def test_a_kind_whose_crd_is_missing_lists_as_empty(api: client.ApiClient)
             "v1",
             "notinstalled",
         ),
-        apply=owner.apply,
-        listed=owner.listed,
+        transform=dict,
+        on_event=owner.apply,
+        on_listed=owner.listed,
         optional=True,
     )
     reflector.start()
     try:
-        await asyncio.wait_for(reflector.listed.wait(), 30)
+        await asyncio.wait_for(reflector.synced.wait(), 30)
         assert owner.lists == [set()]
         assert owner.events == []
     finally:
@@ -135,10 +139,10 @@ async def test_an_owner_failing_on_one_object_still_gets_every_other(
     core: client.CoreV1Api,
 ) -> None:
     class Fragile(Owner):
-        def apply(self, kind: str, body: dict[str, Any]) -> None:
+        def apply(self, event_type: str, body: dict[str, Any]) -> None:
             if name_of(body) == "bad":
                 raise ValueError("a bug for this one object")
-            super().apply(kind, body)
+            super().apply(event_type, body)
 
     for name in ("bad", "good"):
         await create_pod(core, gpu_pod(name, 1024))
@@ -146,7 +150,7 @@ async def test_an_owner_failing_on_one_object_still_gets_every_other(
     reflector = pod_reflector(core, owner)
     reflector.start()
     try:
-        await asyncio.wait_for(reflector.listed.wait(), 30)
+        await asyncio.wait_for(reflector.synced.wait(), 30)
         assert set(owner.held) == {"good"}
         assert owner.lists == [{"bad", "good"}]
         await create_pod(core, gpu_pod("later", 1024))

@@ -21,7 +21,9 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+from gpushare.kube.retry import Backoff
 from gpushare.model import PodUid
+from gpushare_operator.config import OperatorConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,14 +37,10 @@ class SchedulingQueue:
     def __init__(
         self,
         *,
-        backoff_initial_s: float,
-        backoff_max_s: float,
-        unschedulable_retry_s: float,
+        config: Callable[[], OperatorConfig],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.backoff_initial_s = backoff_initial_s
-        self.backoff_max_s = backoff_max_s
-        self.unschedulable_retry_s = unschedulable_retry_s
+        self._config = config
         self._clock = clock
         self._order = itertools.count()
         self._active: list[tuple[int, int, PodUid]] = []
@@ -85,7 +83,8 @@ class SchedulingQueue:
         return delay
 
     def _delay(self, attempts: int) -> float:
-        return float(min(self.backoff_initial_s * 2.0 ** (attempts - 1), self.backoff_max_s))
+        config = self._config()
+        return Backoff(config.backoff_initial_s, config.backoff_max_s).delay(attempts)
 
     def _back_off_until(self, uid: PodUid, ready: float) -> None:
         self._ready_at[uid] = ready
@@ -99,11 +98,8 @@ class SchedulingQueue:
         self._in_active.pop(uid, None)
         self._wake_keys[uid] = wake_key
         self._attempts[uid] = self._attempts.get(uid, 0) + 1
-        wait = (
-            self.unschedulable_retry_s
-            if retry_in_s is None
-            else min(retry_in_s, self.unschedulable_retry_s)
-        )
+        most = self._config().unschedulable_retry_s
+        wait = most if retry_in_s is None else min(retry_in_s, most)
         self._parked[uid] = self._clock() + wait
         self._changed.set()
 

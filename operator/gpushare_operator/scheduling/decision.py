@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 from gpushare.model import (
     Diagnosis,
-    GpuShareError,
     NodeCheck,
     NodeName,
     Placement,
@@ -20,13 +19,13 @@ from gpushare.model import (
     PodRequest,
     diagnose,
     find_placement,
-    gpu_request,
 )
-from gpushare.model.bodies import Body
-from gpushare.model.filters import PodNeeds, choose_node, pod_needs, unsupported
+from gpushare.model.filters import PodNeeds, choose_node
 from gpushare.model.placement import Policy
 from gpushare.model.usage import PodUid
-from gpushare_operator.cache import ExactnessCheck, SchedulerCache
+from gpushare_operator.scheduling.cache import SchedulerCache
+from gpushare_operator.scheduling.exactness import ExactnessCheck
+from gpushare_operator.scheduling.podinfo import PodInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,15 +47,12 @@ class Plan:
     """Earlier pods of the same request whose assignment wait ran out (logged)."""
 
 
-def plan(cache: SchedulerCache, body: Body, policy: Policy) -> Plan | Refusal:
-    try:
-        request = gpu_request(body)
-        needs = pod_needs(body)
-    except GpuShareError as error:
-        return Refusal(str(error))
-    reason = unsupported(body)
-    if reason is not None:
-        return Refusal(reason)
+def plan(cache: SchedulerCache, pod: PodInfo, policy: Policy) -> Plan | Refusal:
+    if pod.demand is None:
+        return Refusal(f"pod {pod.ref} is already bound to node {pod.node}")
+    if isinstance(pod.demand, str):
+        return Refusal(pod.demand)
+    request, needs = pod.demand.request, pod.demand.needs
     if request.kind is None:
         chosen = choose_node(cache.facts(), cache.requested, needs)
         if isinstance(chosen, Diagnosis):

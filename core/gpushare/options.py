@@ -1,0 +1,87 @@
+"""Options declared once: each component's table of `Option`s gives its flags, environment
+variables, defaults and (the operator's) live keys; the value parsers both components share.
+
+Pure: building an argparse parser and parsing text, no I/O.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+_LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Option:
+    """One setting. `parse` turns its text into the value or raises ValueError saying what the
+    text must be (the caller prefixes where the text came from)."""
+
+    field: str
+    """The configuration field it sets (also the argparse dest)."""
+    env: str
+    flag: str
+    parse: Callable[[str], Any]
+    help: str
+    default: str | None = None
+    """The default as text, where the configuration class has none to take it from."""
+    live: str | None = None
+    """Its key in a live configuration resource's spec; None when it only applies at start-up."""
+
+
+def add_flags(
+    parser: argparse.ArgumentParser, options: Iterable[Option], defaults: Mapping[str, str]
+) -> None:
+    """One flag per option (dest: its field, None when not given), its help naming the
+    environment variable and the default (`defaults`, by field)."""
+    for option in options:
+        default = defaults.get(option.field)
+        shown = f"; default {default}" if default else ""
+        parser.add_argument(
+            option.flag, dest=option.field, help=f"{option.help} (${option.env}{shown})"
+        )
+
+
+def parse(
+    options: Iterable[Option], given: Mapping[str, tuple[str, str]]
+) -> tuple[dict[str, Any], list[str]]:
+    """The options in `given` ({field: (where the text came from, text)}) parsed: the values by
+    field, and one `where='text': what it must be` line per refused text."""
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    for option in options:
+        if option.field not in given:
+            continue
+        where, raw = given[option.field]
+        try:
+            values[option.field] = option.parse(raw)
+        except ValueError as error:
+            problems.append(f"{where}={raw!r}: {error}")
+    return values, problems
+
+
+def scheduler_names(raw: str) -> frozenset[str]:
+    """A comma list of spec.schedulerName values, at least one."""
+    found = frozenset(part.strip() for part in raw.split(",") if part.strip())
+    if not found:
+        raise ValueError("must name at least one scheduler")
+    return found
+
+
+def port(raw: str) -> int:
+    """A TCP port; 0 disables."""
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise ValueError("must be a port number (0 disables)")
+    return value
+
+
+def log_level(raw: str) -> str:
+    if raw.lower() not in _LOG_LEVELS:
+        raise ValueError(f"must be {', '.join(_LOG_LEVELS[:-1])} or {_LOG_LEVELS[-1]}")
+    return raw.lower()

@@ -1,0 +1,316 @@
+"""The scheduler's view of the cluster: nodes, GPU usage, pod requests, and assumed pods.
+
+It is fed by the watches (observe_*/forget_*) and by the scheduler's own decisions
+(assume/forget_assumed), and every mutation is synchronous, so a decision taken between two
+awaits sees one consistent state. The GPU bookkeeping is the model's `Ledger`; the pods that
+wait for their assignment are the exactness rule's `Pins`.
+
+A pod's life here, as in kube-scheduler's cache::
+
+    pending --assume--> assumed --watch shows it bound--> bound --finished/deleted--> gone
+               ^            |
+               +--forget----+  (the bind failed: back to pending)
+
+An assumed pod counts at once (GPU card, cpu, memory), so the next decision sees it before
+the watch does. A watch event that still shows an assumed pod unbound is stale and ignored.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from gpushare.model import (
+    GpuShareError,
+    Ledger,
+    NodeCheck,
+    NodeInventory,
+    NodeName,
+    PodRef,
+    PodRequest,
+    PodUid,
+    claim_of,
+    node_inventory,
+)
+from gpushare.model.bodies import Body, path, text
+from gpushare.model.filters import NodeFacts, PodNeeds, node_facts, node_reason
+from gpushare.model.request import Signature
+from gpushare.model.resources import PODS, add_into, pod_requests
+from gpushare_operator.config import OperatorConfig
+from gpushare_operator.scheduling.exactness import ExactnessCheck, Pin, Pins
+from gpushare_operator.scheduling.podinfo import PodInfo
+
+if TYPE_CHECKING:
+    from gpushare_operator.scheduling.decision import Plan
+
+
+class PodChange(Enum):
+    """What an observed pod event means for the scheduling queue."""
+
+    PENDING = "pending"
+    """Ours and unbound: (re)queue it."""
+    BOUND = "bound"
+    """Now holds resources on a node (or changed there)."""
+    ASSIGNED = "assigned"
+    """The device plugin served it: pods waiting behind it may go ahead."""
+    GONE = "gone"
+    """Finished or deleted: its resources are free again."""
+    IGNORED = "ignored"
+
+
+@dataclass(slots=True)
+class _Holder:
+    """A pod that holds resources on a node, observed or assumed. Kept small: there is one
+    per running pod of the cluster."""
+
+    ref: PodRef
+    node: NodeName
+    requests: dict[str, int]
+    fingerprint: int | None
+    """Observed pods: what the scheduler read of them, to skip events that change nothing
+    it reads (status updates, the device plugin's gpu-assigned). None for assumed pods."""
+    pending: PodInfo | None = None
+    """Assumed pods: the pending pod to restore if the bind fails."""
+    pin: Pin | None = None
+    """While it waits for the device plugin's assignment."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeChange:
+    changed: bool
+    """Anything the filters or the GPU fit read has changed: parked pods may now fit."""
+    problem: str | None = None
+    """Why the node's GPUs cannot be used, when that just became so."""
+
+
+_UNSEEN = object()
+
+
+@dataclass(frozen=True, slots=True)
+class PodObservation:
+    change: PodChange
+    problems: list[str] = field(default_factory=list)
+    """Things the cache could not honour, for the caller to log (once per change)."""
+    signature: Signature | None = None
+    """ASSIGNED: the request signature whose pods may now take other cards of that node."""
+
+
+class SchedulerCache:
+    def __init__(
+        self, *, config: Callable[[], OperatorConfig], clock: Callable[[], float] = time.time
+    ) -> None:
+        self.ledger = Ledger()
+        self._config = config
+        self._clock = clock
+        self._facts: dict[NodeName, NodeFacts] = {}
+        self._node_bodies: dict[NodeName, Body] = {}
+        self._gpunodes: dict[NodeName, Body] = {}
+        self._gpus: dict[NodeName, NodeInventory | str | None] = {}
+        self._requested: dict[NodeName, dict[str, int]] = {}
+        self._holders: dict[PodUid, _Holder] = {}
+        self._pending: dict[PodUid, PodInfo] = {}
+        self._pins = Pins()
+
+    # -- nodes and GPUNodes --------------------------------------------------------------
+
+    def observe_node(self, body: Body) -> NodeChange:
+        """Take a node's new state."""
+        name = NodeName(text(path(body, "metadata").get("name")) or "")
+        self._node_bodies[name] = body
+        facts = node_facts(body)
+        changed = self._facts.get(name) != facts
+        self._facts[name] = facts
+        return self._refresh_inventory(name, changed)
+
+    def forget_node(self, name: NodeName) -> None:
+        self._node_bodies.pop(name, None)
+        self._facts.pop(name, None)
+        self._gpus.pop(name, None)
+        self.ledger.remove_node(name)
+
+    def observe_gpunode(self, body: Body) -> NodeChange:
+        name = NodeName(text(path(body, "metadata").get("name")) or "")
+        self._gpunodes[name] = body
+        return self._refresh_inventory(name, False)
+
+    def forget_gpunode(self, name: NodeName) -> NodeChange:
+        self._gpunodes.pop(name, None)
+        return self._refresh_inventory(name, False)
+
+    def _refresh_inventory(self, name: NodeName, changed: bool) -> NodeChange:
+        node = self._node_bodies.get(name)
+        if node is None:
+            return NodeChange(changed=False)  # a GPUNode whose Node is not (yet) known
+        gpus: NodeInventory | str | None
+        try:
+            gpus = node_inventory(node, self._gpunodes.get(name))
+        except GpuShareError as error:
+            gpus = str(error)
+        if self._gpus.get(name, _UNSEEN) == gpus:
+            return NodeChange(changed=changed)
+        self._gpus[name] = gpus
+        if isinstance(gpus, NodeInventory):
+            self.ledger.set_node(gpus)
+        else:
+            self.ledger.set_node_without_gpu(name, gpus)
+        return NodeChange(changed=True, problem=gpus if isinstance(gpus, str) else None)
+
+    def node_names(self) -> list[NodeName]:
+        return sorted(self._facts)
+
+    def gpunode_names(self) -> list[NodeName]:
+        return sorted(self._gpunodes)
+
+    # -- pods ----------------------------------------------------------------------------
+
+    def is_ours(self, pod: PodInfo) -> bool:
+        return pod.scheduler_name in self._config().scheduler_names
+
+    def observe_pod(self, pod: PodInfo) -> PodObservation:
+        uid = pod.uid
+        if pod.finished:
+            self._pending.pop(uid, None)
+            return PodObservation(PodChange.GONE if self._release(uid) else PodChange.IGNORED)
+        if pod.node is None:
+            return PodObservation(self._observe_unbound(pod))
+        self._pending.pop(uid, None)
+        previous = self._holders.get(uid)
+        if previous is not None and previous.fingerprint == pod.fingerprint:
+            if pod.assigned and previous.pin is not None:  # the device plugin served it
+                signature = previous.pin.signature
+                self._unpin(previous)
+                return PodObservation(PodChange.ASSIGNED, signature=signature)
+            return PodObservation(PodChange.IGNORED)  # nothing the scheduler reads changed
+        waited_as = previous.pin.signature if previous is not None and previous.pin else None
+        self._release(uid)
+        problems = []
+        try:
+            requests = pod_requests(pod.body)
+        except GpuShareError as error:
+            problems.append(f"{error}; only its pod slot is counted")
+            requests = {PODS: 1}
+        claim = claim_of(pod.body)
+        if claim.problem:
+            problems.append(claim.problem)
+        holder = _Holder(pod.ref, pod.node, requests, pod.fingerprint)
+        if claim.allocation is not None:
+            self.ledger.add(claim.allocation)
+            if (
+                claim.allocation.cards
+                and claim.request
+                and not pod.assigned
+                and not pod.terminating
+            ):
+                since = pod.predicate_time_s or self._clock()
+                holder.pin = Pin(
+                    pod.ref, pod.node, claim.request.signature, claim.allocation.cards, since
+                )
+        self._hold(holder)
+        if waited_as is not None and holder.pin is None:
+            return PodObservation(PodChange.ASSIGNED, problems, signature=waited_as)
+        return PodObservation(PodChange.BOUND, problems)
+
+    def _observe_unbound(self, pod: PodInfo) -> PodChange:
+        holder = self._holders.get(pod.uid)
+        if holder is not None and holder.pending is not None:
+            return PodChange.IGNORED  # a stale event from before our bind (it is assumed)
+        if not self.is_ours(pod) or pod.terminating:
+            self._pending.pop(pod.uid, None)
+            return PodChange.IGNORED
+        previous = self._pending.get(pod.uid)
+        self._pending[pod.uid] = pod
+        if previous is not None and previous.body["spec"] == pod.body["spec"]:
+            # Only its status changed (our own PodScheduled condition, say): trying again
+            # would loop on our own writes.
+            return PodChange.IGNORED
+        return PodChange.PENDING
+
+    def forget_pod(self, uid: PodUid) -> PodChange:
+        """The pod was deleted (its resources are free; pods behind its card may go)."""
+        self._pending.pop(uid, None)
+        return PodChange.GONE if self._release(uid) else PodChange.IGNORED
+
+    def pending(self, uid: PodUid) -> PodInfo | None:
+        """The latest state of a pod that waits to be scheduled by us."""
+        return self._pending.get(uid)
+
+    def pending_uids(self) -> list[PodUid]:
+        return list(self._pending)
+
+    def known_pod_uids(self) -> set[str]:
+        """Every pod the cache holds or waits on (assumed binds included)."""
+        return {*self._pending, *self._holders}
+
+    # -- decisions -----------------------------------------------------------------------
+
+    def assume(self, pod: PodInfo, plan: Plan) -> None:
+        """Count a pod where `plan` puts it (and its card, if any) before the bind is
+        confirmed."""
+        self._pending.pop(pod.uid, None)
+        holder = _Holder(pod.ref, plan.node, dict(plan.needs.requests), None, pending=pod)
+        if plan.placement is not None:
+            self.ledger.add(plan.placement.allocation(pod.ref))
+            holder.pin = Pin(
+                pod.ref, plan.node, plan.request.signature, plan.placement.cards, self._clock()
+            )
+        self._hold(holder)
+
+    def forget_assumed(self, uid: PodUid) -> PodInfo | None:
+        """Undo `assume` after a failed bind; the pod is pending again (and returned)."""
+        holder = self._holders.get(uid)
+        if holder is None or holder.pending is None:
+            return None
+        self._release(uid)
+        self._pending[uid] = holder.pending
+        return holder.pending
+
+    def node_check(self, needs: PodNeeds) -> NodeCheck:
+        """The non-GPU filters for a pod with `needs`, against the current state."""
+
+        def check(node: NodeName) -> str | None:
+            facts = self._facts.get(node)
+            if facts is None:
+                return "node(s) were not found"
+            return node_reason(needs, facts, self._requested.get(node, {}))
+
+        return check
+
+    def card_check(self, request: PodRequest) -> ExactnessCheck:
+        """The exactness rule for a pod with `request`, at this moment."""
+        timeout_s = self._config().assignment_timeout_s
+        return self._pins.check(request, now=self._clock(), timeout_s=timeout_s)
+
+    def requested(self, node: NodeName) -> Mapping[str, int]:
+        return self._requested.get(node, {})
+
+    def facts(self) -> Mapping[NodeName, NodeFacts]:
+        return self._facts
+
+    # -- bookkeeping ---------------------------------------------------------------------
+
+    def _unpin(self, holder: _Holder) -> None:
+        if holder.pin is not None:
+            self._pins.remove(holder.pin)
+            holder.pin = None
+
+    def _hold(self, holder: _Holder) -> None:
+        self._holders[holder.ref.uid] = holder
+        add_into(self._requested.setdefault(holder.node, {}), holder.requests)
+        if holder.pin is not None:
+            self._pins.add(holder.pin)
+
+    def _release(self, uid: PodUid) -> bool:
+        holder = self._holders.pop(uid, None)
+        if holder is None:
+            return False
+        self.ledger.release(uid)
+        requested = self._requested.get(holder.node)
+        if requested is not None:
+            add_into(requested, holder.requests, -1)
+            if not requested:
+                del self._requested[holder.node]
+        self._unpin(holder)
+        return True

@@ -1,0 +1,108 @@
+"""The exactness rule (docs/architecture.md, "The exactness rule").
+
+The kubelet's Allocate names device ids, never the pod, so two pods on one node with the same
+request signature, both not yet `gpu-assigned`, must hold the same card; otherwise the device
+plugin could not tell them apart. A bound pod that waits for its assignment is a `Pin`; while
+it waits, other cards of its node are held back for pods of its signature, until it is
+assigned or `assignment_timeout_s` has passed (then they go ahead, and the scheduler says so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gpushare.model import CardIndex, GpuKind, NodeName, PodRef, PodRequest
+from gpushare.model.request import Signature
+from gpushare.model.usage import PodUid
+
+
+@dataclass(frozen=True, slots=True)
+class Pin:
+    """A pod bound to `cards` of `node` that the device plugin has not yet assigned."""
+
+    ref: PodRef
+    node: NodeName
+    signature: Signature
+    cards: tuple[CardIndex, ...]
+    since: float
+    """When its wait began (its predicate-time): the wait ends `assignment_timeout_s` later."""
+
+
+class Pins:
+    """The pods waiting for their assignment, by signature and node."""
+
+    def __init__(self) -> None:
+        self._pins: dict[Signature, dict[NodeName, dict[PodUid, Pin]]] = {}
+
+    def add(self, pin: Pin) -> None:
+        self._pins.setdefault(pin.signature, {}).setdefault(pin.node, {})[pin.ref.uid] = pin
+
+    def remove(self, pin: Pin) -> None:
+        by_node = self._pins.get(pin.signature, {})
+        waiting = by_node.get(pin.node, {})
+        waiting.pop(pin.ref.uid, None)
+        if not waiting:
+            by_node.pop(pin.node, None)
+        if not by_node:
+            self._pins.pop(pin.signature, None)
+
+    def check(self, request: PodRequest, *, now: float, timeout_s: float) -> ExactnessCheck:
+        """The rule for a pod with `request`, at `now`."""
+        return ExactnessCheck(
+            self._pins.get(request.signature, {}), request.kind, now=now, timeout_s=timeout_s
+        )
+
+
+class ExactnessCheck:
+    """The exactness rule as a CardCheck for one decision: cards of a node held back because
+    an earlier pod of the same signature there is not yet assigned. It remembers what it saw:
+    waits that ran out (to log) and when the first live wait ends (to retry then)."""
+
+    def __init__(
+        self,
+        pins: Mapping[NodeName, Mapping[PodUid, Pin]],
+        gpu_kind: GpuKind | None,
+        *,
+        now: float,
+        timeout_s: float,
+    ) -> None:
+        self._pins = pins
+        self._gpu_kind = gpu_kind
+        self._now = now
+        self._timeout_s = timeout_s
+        self.expired: dict[PodUid, PodRef] = {}
+        self.first_wait_ends_in: float | None = None
+        self._rules: dict[NodeName, tuple[frozenset[CardIndex], str] | None] = {}
+
+    def __call__(self, node: NodeName, card: CardIndex) -> str | None:
+        if node not in self._rules:
+            self._rules[node] = self._rule(node)
+        rule = self._rules[node]
+        if rule is None or card in rule[0]:
+            return None
+        return rule[1]
+
+    def _rule(self, node: NodeName) -> tuple[frozenset[CardIndex], str] | None:
+        """For `node`: None (no live wait), or (the only cards allowed, why the rest are not)."""
+        allowed: frozenset[CardIndex] | None = None
+        waiting: Pin | None = None
+        for uid, pin in self._pins.get(node, {}).items():
+            left = pin.since + self._timeout_s - self._now
+            if left < 0:
+                self.expired[uid] = pin.ref
+                continue
+            if self.first_wait_ends_in is None or left < self.first_wait_ends_in:
+                self.first_wait_ends_in = left
+            # A gpu-memory pod may join the waiting pod's card; whole cards never coincide.
+            same = frozenset(pin.cards) if self._gpu_kind is GpuKind.MEMORY else frozenset()
+            allowed = same if allowed is None else allowed & same
+            waiting = pin
+        if waiting is None:
+            return None
+        shown = ",".join(map(str, waiting.cards))
+        reason = (
+            f"held back until pod {waiting.ref} (same request, card {shown}) is assigned "
+            f"by the device plugin"
+        )
+        return (allowed or frozenset(), reason)

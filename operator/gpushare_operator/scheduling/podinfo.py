@@ -1,0 +1,116 @@
+"""A pod as the scheduler reads it, parsed once per event (as kube-scheduler's `PodInfo`).
+
+The pod reflector's transform makes one for every event, so the runtime, the cache, the
+queue and the decision read typed fields, never the raw object again. What an unbound pod
+asks for (`demand`) and a bound pod's `fingerprint` are worked out on first use, once (most
+events need neither: a pod's own status updates, pods of other schedulers); what a bound pod
+holds (its resource requests and GPU claim) is parsed by the cache only when the fingerprint
+says that something it reads has changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from gpushare.kube.clock import parse_time
+from gpushare.model import GpuShareError, NodeName, PodRef, PodRequest, contract, gpu_request
+from gpushare.model.annotations import gpu_assigned, predicate_time_s
+from gpushare.model.bodies import Body, annotations_of, resource_version, text
+from gpushare.model.filters import PodNeeds, pod_needs, unsupported
+from gpushare.model.usage import FINISHED_PHASES, PodUid, pod_ref
+from gpushare_operator.scheduling.slim import slim_pod
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """What an unbound pod asks for: its GPU request and what the node filters check."""
+
+    request: PodRequest
+    needs: PodNeeds
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodInfo:
+    body: Body
+    """The slim copy (`slim_pod`): what is kept of the pod."""
+    ref: PodRef
+    node: NodeName | None
+    """spec.nodeName: None while unbound."""
+    scheduler_name: str | None
+    finished: bool
+    """Succeeded or Failed: it holds nothing any more."""
+    terminating: bool
+    gated: bool
+    """It has scheduling gates: the apiserver refuses to bind it."""
+    priority: int
+    assigned: bool
+    """The device plugin has served it (gpu-assigned is "true")."""
+    predicate_time_s: float | None
+    created_s: float | None
+    resource_version: int | None
+    """None where the version is not a number (then event order is trusted)."""
+
+    @property
+    def uid(self) -> PodUid:
+        return self.ref.uid
+
+    @cached_property
+    def fingerprint(self) -> int:
+        """A hash of what the cache reads of a bound pod, but `gpu-assigned`, which only ever
+        lifts the pod's assignment wait (the cache's fast path for the device plugin's write)."""
+        meta, spec = self.body["metadata"], self.body["spec"]
+        annotations = annotations_of(self.body)
+        return hash(
+            repr(
+                (
+                    self.node,
+                    spec.get("containers"),
+                    spec.get("initContainers"),
+                    spec.get("overhead"),
+                    self.body["status"]["phase"],
+                    meta.get("deletionTimestamp"),
+                    annotations.get(contract.GPU_INDEX),
+                    annotations.get(contract.PREDICATE_TIME),
+                )
+            )
+        )
+
+    @cached_property
+    def demand(self) -> Demand | str | None:
+        """An unbound pod's demand, or why it cannot be read or met; None for a bound pod."""
+        if self.node is not None:
+            return None
+        try:
+            demand = Demand(gpu_request(self.body), pod_needs(self.body))
+        except GpuShareError as error:
+            return str(error)
+        return unsupported(self.body) or demand
+
+    @classmethod
+    def parse(cls, raw: Body) -> PodInfo:
+        body = slim_pod(raw)
+        meta, spec = body["metadata"], body["spec"]
+        annotations = annotations_of(body)
+        node = text(spec.get("nodeName"))
+        phase = body["status"]["phase"]
+        priority = spec.get("priority")
+        return cls(
+            body=body,
+            ref=pod_ref(body),
+            node=NodeName(node) if node else None,
+            scheduler_name=text(spec.get("schedulerName")),
+            finished=phase in FINISHED_PHASES,
+            terminating=meta.get("deletionTimestamp") is not None,
+            gated=bool(spec.get("schedulingGates")),
+            priority=priority if isinstance(priority, int) else 0,
+            assigned=gpu_assigned(annotations),
+            predicate_time_s=predicate_time_s(annotations),
+            created_s=parse_time(meta.get("creationTimestamp")),
+            resource_version=resource_version(body),
+        )
+
+    @classmethod
+    def gone(cls, uid: PodUid) -> PodInfo:
+        """A pod known only by its uid: one that a LIST no longer shows."""
+        return cls.parse({"metadata": {"uid": uid}})

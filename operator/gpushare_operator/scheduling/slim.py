@@ -1,0 +1,68 @@
+"""The fields of pods and nodes the scheduler keeps: the reflectors hand over these copies,
+never the whole objects (a real node's status lists its images and managed fields, often tens
+of KiB that no decision reads)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpushare.model.bodies import Body, path, sequence
+
+_POD_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "annotations",
+    "deletionTimestamp",
+    "creationTimestamp",
+    "resourceVersion",
+)
+_POD_SPEC = (
+    "nodeName",
+    "schedulerName",
+    "containers",
+    "initContainers",
+    "overhead",
+    "nodeSelector",
+    "affinity",
+    "tolerations",
+    "topologySpreadConstraints",
+    "priority",
+    "schedulingGates",
+)
+_CONTAINER = ("name", "resources", "restartPolicy")
+_NODE_METADATA = ("name", "uid", "labels", "annotations", "resourceVersion")
+
+
+def _pick(source: Body, keys: tuple[str, ...]) -> dict[str, Any]:
+    return {key: source[key] for key in keys if key in source}
+
+
+def slim_pod(body: Body) -> dict[str, Any]:
+    """The fields of a pod the scheduler and the model read."""
+    spec = path(body, "spec")
+    slim_spec = _pick(spec, _POD_SPEC)
+    for key in ("containers", "initContainers"):
+        if isinstance(spec.get(key), list):
+            slim_spec[key] = [_pick(c, _CONTAINER) for c in spec[key] if isinstance(c, dict)]
+    return {
+        "metadata": _pick(path(body, "metadata"), _POD_METADATA),
+        "spec": slim_spec,
+        "status": {"phase": path(body, "status").get("phase")},
+    }
+
+
+def slim_node(body: Body) -> dict[str, Any]:
+    """The fields of a node the filters and the inventory read."""
+    status = path(body, "status")
+    slim_status = _pick(status, ("allocatable", "capacity"))
+    if "conditions" in status:
+        slim_status["conditions"] = [
+            {"type": c.get("type"), "status": c.get("status")}
+            for c in sequence(status.get("conditions"))
+        ]
+    return {
+        "metadata": _pick(path(body, "metadata"), _NODE_METADATA),
+        "spec": _pick(path(body, "spec"), ("taints", "unschedulable")),
+        "status": slim_status,
+    }
