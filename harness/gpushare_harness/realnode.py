@@ -18,10 +18,9 @@ How one node is laid out (`directory` holds all of its state):
   webhook-authorized users (no anonymous access).
 - Images come from `gpushare_harness.images`, imported with `ctr`; nothing is pulled.
 
-Teardown (`stop`, also `cleanup` of a node left by a crashed run: `sweep`) kills the kubelet,
-the containers' processes, containerd, its shims (found by the node's own socket path) and the
-holder, each by pid, then removes the containers' cgroups and the node's folder. The
-namespaces, their mounts, veth and pod bridge vanish with the holder.
+A node's configuration files are rendered by `gpushare_harness.nodeconfig`; its teardown
+(`stop`, and `sweep` of the nodes crashed runs left, which every start calls first) is in
+`gpushare_harness.nodeteardown`.
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ import datetime
 import json
 import os
 import shutil
-import signal
 import ssl
 import subprocess
 import tempfile
@@ -41,18 +39,24 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from gpushare_harness.binaries import Binaries, cache_dir
-from gpushare_harness.controlplane import ControlPlane, alive
+from gpushare_harness.binaries import Binaries
+from gpushare_harness.controlplane import ControlPlane
 from gpushare_harness.images import node_images
 from gpushare_harness.network import ClusterNetwork, ip
+from gpushare_harness.nodeconfig import CNI_BIN, containerd_socket, write_node_files
+from gpushare_harness.nodeteardown import (
+    CGROUPS,
+    CONTAINERD,
+    HOLDER,
+    HOLDER_MARK,
+    KUBELET,
+    cleanup,
+    record,
+    sweep,
+)
 from gpushare_harness.plugin import PluginProcess
 from gpushare_harness.process import LoggedProcess
 
-CNI_BIN = Path("/usr/lib/cni")
-POD_SUBNET = "10.88.0.0/16"  # inside each node's own namespace: nodes never see each other's
-_CGROUPS = Path("/sys/fs/cgroup")
 _TUNABLES = {"vm/overcommit_memory": "1", "kernel/panic": "10", "kernel/panic_on_oops": "1"}
 _PACKAGES = {
     "containerd": "containerd",
@@ -63,7 +67,7 @@ _PACKAGES = {
     "ip": "iproute2",
 }
 # The holder: private mounts, the node's folders and tunables bound in, then it waits.
-_HOLDER_SCRIPT = r"""
+_HOLDER_SCRIPT = rf"""
 set -eu
 dir=$1
 for t in vm/overcommit_memory kernel/panic kernel/panic_on_oops; do
@@ -77,11 +81,9 @@ mount -t sysfs sysfs "$dir/sysfs"
 mount --bind "$dir/sysfs/class/net" /sys/class/net
 ip link set lo up
 touch "$dir/holder.ready"
-exec sleep infinity
+exec {HOLDER_MARK}
 """
 
-
-_HOLDER_MARK = "sleep infinity"
 # A unix socket's path has at most 107 bytes; the plugin dials the node's kubelet.sock.
 _MAX_SOCKET_PATH = 100
 
@@ -102,13 +104,8 @@ def check_prerequisites() -> None:
             f"missing packages for a real node: {' '.join(missing)} "
             f"(run `make node-packages`, or apt-get install {' '.join(missing)})"
         )
-    if not (_CGROUPS / "pids").is_dir() and not (_CGROUPS / "cgroup.controllers").is_file():
-        raise RealNodeError(f"no cgroup hierarchy under {_CGROUPS}: the kubelet needs one")
-
-
-def registry() -> Path:
-    """Where each running real node leaves a pointer to its folder (for `sweep`)."""
-    return cache_dir() / "real-nodes"
+    if not (CGROUPS / "pids").is_dir() and not (CGROUPS / "cgroup.controllers").is_file():
+        raise RealNodeError(f"no cgroup hierarchy under {CGROUPS}: the kubelet needs one")
 
 
 class RealNode:
@@ -136,9 +133,9 @@ class RealNode:
         self._holder = LoggedProcess(directory / "holder.log", detached=detached)
         self._containerd = LoggedProcess(directory / "containerd.log", detached=detached)
         self.kubelet = LoggedProcess(directory / "kubelet.log", detached=detached)
-        self.kubelet.name = "kubelet"
-        self._containerd.name = "containerd"
-        self._holder.name = "node namespaces"
+        self.kubelet.name = KUBELET
+        self._containerd.name = CONTAINERD
+        self._holder.name = HOLDER
 
     # -- paths -----------------------------------------------------------------------------
 
@@ -154,7 +151,7 @@ class RealNode:
 
     @property
     def containerd_socket(self) -> Path:
-        return self.directory / "containerd" / "containerd.sock"
+        return containerd_socket(self.directory)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -329,124 +326,14 @@ class RealNode:
             ip(*args, netns_pid=netns)
 
     def _write_configs(self) -> None:
-        assert self.plane.pki is not None
-        pki = self.plane.pki
-        d = self.directory
-        client_cert, client_key = pki.issue(
-            d / "kubelet-client", f"system:node:{self.name}", organization="system:nodes"
+        write_node_files(
+            self.directory,
+            name=self.name,
+            address=self.address,
+            plane=self.plane,
+            sandbox_image=node_images(self.binaries)[0].name,
+            kubelet_overrides=self.kubelet_config,
         )
-        serving_cert, serving_key = pki.issue(
-            d / "kubelet-serving", self.name, server_ips=[self.address], server_names=[self.name]
-        )
-        self.plane.write_kubeconfig(
-            d / "kubelet.kubeconfig",
-            f"system:node:{self.name}",
-            {"client-certificate": str(client_cert), "client-key": str(client_key)},
-        )
-        containerd = d / "containerd"
-        cri = '[plugins."io.containerd.grpc.v1.cri"'
-        (d / "containerd.toml").write_text(
-            "\n".join(
-                [
-                    "version = 2",
-                    f'root = "{containerd / "root"}"',
-                    f'state = "{containerd / "state"}"',
-                    "disabled_plugins = ["
-                    + ", ".join(
-                        f'"io.containerd.snapshotter.v1.{name}"'
-                        for name in ("aufs", "btrfs", "zfs", "devmapper")
-                    )
-                    + "]",
-                    "[grpc]",
-                    f'  address = "{self.containerd_socket}"',
-                    "[ttrpc]",
-                    f'  address = "{containerd / "containerd.sock.ttrpc"}"',
-                    '[plugins."io.containerd.internal.v1.opt"]',
-                    f'  path = "{containerd / "opt"}"',
-                    f"{cri}]",
-                    f'  sandbox_image = "{node_images(self.binaries)[0].name}"',
-                    # runc may not lower its own OOM score without CAP_SYS_RESOURCE here.
-                    "  restrict_oom_score_adj = true",
-                    f"{cri}.containerd]",
-                    '  snapshotter = "overlayfs"',
-                    '  default_runtime_name = "runc"',
-                    f"{cri}.containerd.runtimes.runc]",
-                    '  runtime_type = "io.containerd.runc.v2"',
-                    f"{cri}.cni]",
-                    f'  bin_dir = "{CNI_BIN}"',
-                    f'  conf_dir = "{d / "cni"}"',
-                    "",
-                ]
-            )
-        )
-        (d / "cni" / "10-gpushare.conflist").write_text(
-            json.dumps(
-                {
-                    "cniVersion": "0.4.0",
-                    "name": "gpushare-pods",
-                    "plugins": [
-                        {
-                            "type": "bridge",
-                            "bridge": "cni0",
-                            # No gateway, no masquerade: pods reach only the node's pod
-                            # network, so nothing of theirs can leave the node.
-                            "isGateway": False,
-                            "ipMasq": False,
-                            "ipam": {
-                                "type": "host-local",
-                                "ranges": [[{"subnet": POD_SUBNET}]],
-                                "dataDir": str(d / "cni-ipam"),
-                            },
-                        },
-                        {"type": "loopback"},
-                    ],
-                },
-                indent=2,
-            )
-        )
-        config: dict[str, Any] = {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1",
-            "kind": "KubeletConfiguration",
-            # The machines run cgroup v1, which 1.35+ refuses unless told.
-            "failCgroupV1": False,
-            "cgroupDriver": "cgroupfs",
-            "cgroupsPerQOS": False,
-            "enforceNodeAllocatable": [],
-            # Refuse to start rather than rewrite kernel tunables (bound in the namespace).
-            "protectKernelDefaults": True,
-            "failSwapOn": False,
-            "address": self.address,
-            "port": 10250,
-            "readOnlyPort": 0,
-            "healthzBindAddress": "127.0.0.1",
-            "healthzPort": 10248,
-            "tlsCertFile": str(serving_cert),
-            "tlsPrivateKeyFile": str(serving_key),
-            "authentication": {
-                "anonymous": {"enabled": False},
-                "webhook": {"enabled": True},
-                "x509": {"clientCAFile": str(pki.ca_cert)},
-            },
-            "authorization": {"mode": "Webhook"},
-            "resolvConf": str(d / "resolv.conf"),
-            "clusterDNS": [],
-            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
-            "imageServiceEndpoint": f"unix://{self.containerd_socket}",
-            "registerNode": True,
-            # Images are imported, never pulled, and never collected.
-            "imageGCHighThresholdPercent": 100,
-            "imageGCLowThresholdPercent": 99,
-            "evictionHard": {
-                "memory.available": "100Mi",
-                "nodefs.available": "1%",
-                "imagefs.available": "1%",
-            },
-            "nodeStatusUpdateFrequency": "4s",
-            "nodeStatusReportFrequency": "10s",
-            "shutdownGracePeriod": "0s",
-            **self.kubelet_config,
-        }
-        (d / "kubelet.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
     def _start_containerd(self) -> None:
         argv = [*self._enter(), "containerd", "--config", str(self.directory / "containerd.toml")]
@@ -474,93 +361,7 @@ class RealNode:
             for proc in (self._holder, self._containerd, self.kubelet)
             if proc.running
         }
-        state = {"name": self.name, "directory": str(self.directory), "pids": pids}
-        (self.directory / "node.json").write_text(json.dumps(state, indent=2))
-        registry().mkdir(parents=True, exist_ok=True)
-        (registry() / f"{self.directory.name}-{self._holder.pid}.json").write_text(
-            json.dumps(state)
-        )
-
-
-# -- teardown ----------------------------------------------------------------------------------
-
-
-def sweep() -> list[str]:
-    """Clean up every real node whose holder is gone (a crashed run); their names."""
-    cleaned = []
-    for entry in sorted(registry().glob("*.json")) if registry().is_dir() else []:
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            state = json.loads(entry.read_text())
-            holder = state["pids"].get("node namespaces")
-            if holder is None or not _alive(holder, _HOLDER_MARK):
-                cleanup(Path(state["directory"]))  # removes the entry too
-                cleaned.append(state["name"])
-    return cleaned
-
-
-def cleanup(directory: Path) -> None:
-    """Stop everything of the node in `directory` (running or left by a crash) and remove
-    its containers' cgroups and its folder."""
-    state_file = directory / "node.json"
-    pids: dict[str, int] = (
-        json.loads(state_file.read_text())["pids"] if state_file.is_file() else {}
-    )
-    _end(pids.get("kubelet"), str(directory))
-    bundles = directory / "containerd" / "state" / "io.containerd.runtime.v2.task" / "k8s.io"
-    ids = sorted(p.name for p in bundles.iterdir()) if bundles.is_dir() else []
-    for container in ids:
-        with contextlib.suppress(OSError, ValueError):
-            _end(int((bundles / container / "init.pid").read_text()), container, cgroup=True)
-    _end(pids.get("containerd"), str(directory))
-    socket = str(directory / "containerd" / "containerd.sock")
-    for pid in _pids_with(socket):  # the shims, started with the node's own socket path
-        _end(pid, socket)
-    _end(pids.get("node namespaces"), _HOLDER_MARK)
-    for container in ids:
-        for controller in _CGROUPS.iterdir() if _CGROUPS.is_dir() else []:
-            with contextlib.suppress(OSError):
-                (controller / "k8s.io" / container).rmdir()
-    for controller in _CGROUPS.iterdir() if _CGROUPS.is_dir() else []:
-        with contextlib.suppress(OSError):
-            (controller / "k8s.io").rmdir()  # only once no node uses it
-    shutil.rmtree(directory, ignore_errors=True)
-    for entry in registry().glob(f"{directory.name}-*.json") if registry().is_dir() else []:
-        entry.unlink(missing_ok=True)
-
-
-def _alive(pid: int, mark: str) -> bool:
-    """`pid` runs and is ours: its command line or cgroup names `mark`."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        cgroup = Path(f"/proc/{pid}/cgroup").read_text()
-    except OSError:
-        return False
-    return alive(pid) and (mark in cmdline or mark in cgroup)
-
-
-def _end(pid: int | None, mark: str, *, cgroup: bool = False) -> None:
-    """SIGTERM (SIGKILL for a container's process), then SIGKILL after 10 s; only if `pid`
-    is still the process we started."""
-    if pid is None or not _alive(pid, mark):
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL if cgroup else signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    while _alive(pid, mark) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        if _alive(pid, mark):
-            os.kill(pid, signal.SIGKILL)
-
-
-def _pids_with(text: str) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            with contextlib.suppress(OSError):
-                if text.encode() in (proc / "cmdline").read_bytes():
-                    found.append(int(proc.name))
-    return found
+        record(self.name, self.directory, holder=self._holder.pid, pids=pids)
 
 
 class RealCluster:

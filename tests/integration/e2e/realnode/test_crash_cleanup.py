@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpushare_harness import network, realnode
+from gpushare_harness import network, nodeteardown, realnode
 from gpushare_harness.controlplane import alive
 
 pytestmark = pytest.mark.integration
@@ -88,7 +88,7 @@ def test_a_crashed_runs_node_containers_and_bridge_are_removed_by_the_next_start
     deadline = time.monotonic() + 10
     while alive(holder) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert "crash-node" in realnode.sweep()
+    assert "crash-node" in nodeteardown.sweep()
     assert left["bridge"] in network.sweep()
 
     assert not _processes_naming(socket)

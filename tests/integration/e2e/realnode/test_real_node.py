@@ -33,7 +33,7 @@ from kubernetes_asyncio import client
 from gpushare import kube
 from gpushare.kube import raw_json
 from gpushare.model import contract
-from gpushare_harness import realnode
+from gpushare_harness import nodeteardown
 from gpushare_harness.crds import install_project_at
 from gpushare_harness.operator import OperatorProcess
 from gpushare_harness.plugin import PluginProcess
@@ -444,8 +444,8 @@ def _kubelet_callers(real: Cluster) -> None:
 async def test_a_sweep_for_crashed_runs_leaves_running_nodes_alone(real: Cluster) -> None:
     """Every node start sweeps what crashed runs left: a running node (of this or another
     run) keeps its processes and its record, so a later crash of it is still cleaned up."""
-    swept = realnode.sweep()
-    recorded = [entry.name for entry in realnode.registry().glob("*.json")]
+    swept = nodeteardown.sweep()
+    recorded = [entry.name for entry in nodeteardown.registry().glob("*.json")]
     for node in (real.guide, real.coarse, real.wide):
         assert node.real.name not in swept
         assert any(name.startswith(node.real.directory.name) for name in recorded)

@@ -1,0 +1,188 @@
+"""The configuration files of a real node (`gpushare_harness.realnode`), all inside the node's
+folder `directory`: containerd's config, the CNI conflist of the pod network and the kubelet's
+config, rendered as text by pure functions, and the one function that writes them with the
+kubelet's certificates and kubeconfig."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpushare_harness.controlplane import ControlPlane
+
+CNI_BIN = Path("/usr/lib/cni")
+POD_SUBNET = "10.88.0.0/16"  # inside each node's own namespace: nodes never see each other's
+
+
+def containerd_socket(directory: Path) -> Path:
+    """The node's own containerd socket (its shims carry the path on their command line)."""
+    return directory / "containerd" / "containerd.sock"
+
+
+def containerd_state(directory: Path) -> Path:
+    """containerd's state folder: its tasks' bundles, one per running container."""
+    return directory / "containerd" / "state"
+
+
+def containerd_config(directory: Path, *, sandbox_image: str) -> str:
+    """containerd.toml: the node's own socket, root and state; pods bridge-networked by CNI."""
+    containerd = directory / "containerd"
+    cri = '[plugins."io.containerd.grpc.v1.cri"'
+    return "\n".join(
+        [
+            "version = 2",
+            f'root = "{containerd / "root"}"',
+            f'state = "{containerd_state(directory)}"',
+            "disabled_plugins = ["
+            + ", ".join(
+                f'"io.containerd.snapshotter.v1.{name}"'
+                for name in ("aufs", "btrfs", "zfs", "devmapper")
+            )
+            + "]",
+            "[grpc]",
+            f'  address = "{containerd_socket(directory)}"',
+            "[ttrpc]",
+            f'  address = "{containerd / "containerd.sock.ttrpc"}"',
+            '[plugins."io.containerd.internal.v1.opt"]',
+            f'  path = "{containerd / "opt"}"',
+            f"{cri}]",
+            f'  sandbox_image = "{sandbox_image}"',
+            # runc may not lower its own OOM score without CAP_SYS_RESOURCE here.
+            "  restrict_oom_score_adj = true",
+            f"{cri}.containerd]",
+            '  snapshotter = "overlayfs"',
+            '  default_runtime_name = "runc"',
+            f"{cri}.containerd.runtimes.runc]",
+            '  runtime_type = "io.containerd.runc.v2"',
+            f"{cri}.cni]",
+            f'  bin_dir = "{CNI_BIN}"',
+            f'  conf_dir = "{directory / "cni"}"',
+            "",
+        ]
+    )
+
+
+def cni_conflist(directory: Path) -> str:
+    """The pods' network: a bridge inside the node's namespace, addresses from POD_SUBNET."""
+    return json.dumps(
+        {
+            "cniVersion": "0.4.0",
+            "name": "gpushare-pods",
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": "cni0",
+                    # No gateway, no masquerade: pods reach only the node's pod
+                    # network, so nothing of theirs can leave the node.
+                    "isGateway": False,
+                    "ipMasq": False,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": POD_SUBNET}]],
+                        "dataDir": str(directory / "cni-ipam"),
+                    },
+                },
+                {"type": "loopback"},
+            ],
+        },
+        indent=2,
+    )
+
+
+def kubelet_config(
+    directory: Path,
+    *,
+    address: str,
+    serving_cert: Path,
+    serving_key: Path,
+    ca_cert: Path,
+    overrides: dict[str, Any],
+) -> str:
+    """kubelet.yaml: serving on `address` with the serving certificate, clients of the
+    cluster CA (`ca_cert`) and webhook-authorized users only; `overrides` win."""
+    config: dict[str, Any] = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        # The machines run cgroup v1, which 1.35+ refuses unless told.
+        "failCgroupV1": False,
+        "cgroupDriver": "cgroupfs",
+        "cgroupsPerQOS": False,
+        "enforceNodeAllocatable": [],
+        # Refuse to start rather than rewrite kernel tunables (bound in the namespace).
+        "protectKernelDefaults": True,
+        "failSwapOn": False,
+        "address": address,
+        "port": 10250,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": 10248,
+        "tlsCertFile": str(serving_cert),
+        "tlsPrivateKeyFile": str(serving_key),
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(ca_cert)},
+        },
+        "authorization": {"mode": "Webhook"},
+        "resolvConf": str(directory / "resolv.conf"),
+        "clusterDNS": [],
+        "containerRuntimeEndpoint": f"unix://{containerd_socket(directory)}",
+        "imageServiceEndpoint": f"unix://{containerd_socket(directory)}",
+        "registerNode": True,
+        # Images are imported, never pulled, and never collected.
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "evictionHard": {
+            "memory.available": "100Mi",
+            "nodefs.available": "1%",
+            "imagefs.available": "1%",
+        },
+        "nodeStatusUpdateFrequency": "4s",
+        "nodeStatusReportFrequency": "10s",
+        "shutdownGracePeriod": "0s",
+        **overrides,
+    }
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def write_node_files(
+    directory: Path,
+    *,
+    name: str,
+    address: str,
+    plane: ControlPlane,
+    sandbox_image: str,
+    kubelet_overrides: dict[str, Any],
+) -> None:
+    """Issue node `name`'s kubelet certificates (client: `system:node:<name>`; serving: its
+    InternalIP `address`), write its kubeconfig for `plane` and the files rendered above."""
+    assert plane.pki is not None
+    pki = plane.pki
+    client_cert, client_key = pki.issue(
+        directory / "kubelet-client", f"system:node:{name}", organization="system:nodes"
+    )
+    serving_cert, serving_key = pki.issue(
+        directory / "kubelet-serving", name, server_ips=[address], server_names=[name]
+    )
+    plane.write_kubeconfig(
+        directory / "kubelet.kubeconfig",
+        f"system:node:{name}",
+        {"client-certificate": str(client_cert), "client-key": str(client_key)},
+    )
+    files = {
+        directory / "containerd.toml": containerd_config(directory, sandbox_image=sandbox_image),
+        directory / "cni" / "10-gpushare.conflist": cni_conflist(directory),
+        directory / "kubelet.yaml": kubelet_config(
+            directory,
+            address=address,
+            serving_cert=serving_cert,
+            serving_key=serving_key,
+            ca_cert=pki.ca_cert,
+            overrides=kubelet_overrides,
+        ),
+    }
+    for path, text in files.items():
+        path.write_text(text)
