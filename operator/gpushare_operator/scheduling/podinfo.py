@@ -46,14 +46,20 @@ class PodInfo:
     priority: int
     assigned: bool
     """The device plugin has served it (gpu-assigned is "true")."""
-    predicate_time_s: float | None
-    created_s: float | None
     resource_version: int | None
     """None where the version is not a number (then event order is trusted)."""
 
     @property
     def uid(self) -> PodUid:
         return self.ref.uid
+
+    @cached_property
+    def predicate_time_s(self) -> float | None:
+        return predicate_time_s(annotations_of(self.body))
+
+    @cached_property
+    def created_s(self) -> float | None:
+        return parse_time(self.body["metadata"].get("creationTimestamp"))
 
     @cached_property
     def fingerprint(self) -> int:
@@ -105,8 +111,6 @@ class PodInfo:
             gated=bool(spec.get("schedulingGates")),
             priority=priority if isinstance(priority, int) else 0,
             assigned=gpu_assigned(annotations),
-            predicate_time_s=predicate_time_s(annotations),
-            created_s=parse_time(meta.get("creationTimestamp")),
             resource_version=resource_version(body),
         )
 
