@@ -38,9 +38,9 @@ $(TOOLS)/bin/tox:
 	$(PYTHON) -m venv $(TOOLS)
 	$(TOOLS)/bin/pip install --quiet "tox==4.67.13"
 
-$(DEV)/bin/gpushare-dev: pyproject.toml
+$(DEV)/bin/gpushare-dev: pyproject.toml harness/pyproject.toml
 	$(PYTHON) -m venv $(DEV)
-	$(DEV)/bin/pip install --quiet -e '.[dev]'
+	$(DEV)/bin/pip install --quiet -e '.[dev]' -e ./harness
 	touch $@
 
 clean:

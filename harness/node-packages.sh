@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs the Debian packages a real local node needs, when any is missing (root only):
 # containerd and runc (the container runtime), the CNI plugins, iproute2 and util-linux
-# (namespaces, veth, bridge), iptables (the kubelet's own chains, inside the node's namespace),
-# and busybox-static (the local stand-in for the guide's image).
+# (namespaces, veth, bridge), iptables (the kubelet's and kube-proxy's chains, inside the
+# node's namespace), busybox-static (the local stand-in for the guide's image), and buildah
+# with mmdebstrap (the project's images, built from its Dockerfiles on a Debian base).
 set -euo pipefail
-packages=(containerd runc containernetworking-plugins iproute2 util-linux iptables busybox-static)
+packages=(containerd runc containernetworking-plugins iproute2 util-linux iptables busybox-static
+  buildah mmdebstrap)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" \

@@ -34,6 +34,7 @@ _PACKAGES = {
     "etcd": "go.etcd.io/etcd/server/v3",
     "kube_controller_manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
     "kube_scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+    "kube_proxy": "k8s.io/kubernetes/cmd/kube-proxy",
     "kubectl": "k8s.io/kubernetes/cmd/kubectl",
     "kubelet": "k8s.io/kubernetes/cmd/kubelet",
     "kubelet_devices": "./kubeletdevices",
@@ -47,6 +48,7 @@ class Binaries:
     etcd: Path
     kube_controller_manager: Path
     kube_scheduler: Path
+    kube_proxy: Path
     kubectl: Path
     kubelet: Path
     kubelet_devices: Path

@@ -3,7 +3,10 @@
     gpushare-dev demo [--dir D]        the user guide end to end (see gpushare_harness.demo);
                                        leaves everything running
     gpushare-dev build                 build (or find) the Go binaries: kube-apiserver,
-                                       etcd, kubectl, kubelet-devices
+                                       etcd, kubectl, kubelet, kube-proxy, ...
+    gpushare-dev images                build (or find) the operator and device-plugin
+                                       images from docker/*.Dockerfile (buildah, no engine):
+                                       OCI archives to import into a node's containerd
     gpushare-dev up [--dir D]          start etcd + kube-apiserver, install the CRDs,
                                        print the kubeconfig to use (kopf run, kubectl)
     gpushare-dev status [--dir D]      is it running, and where
@@ -35,6 +38,7 @@ from gpushare_harness import demo
 from gpushare_harness.binaries import BuildError, cache_dir, ensure_binaries
 from gpushare_harness.controlplane import ControlPlane, ControlPlaneError, alive, terminate
 from gpushare_harness.crds import install_project_at
+from gpushare_harness.imagebuild import SIZE_GOAL_BYTES, ImageBuildError, build_images
 from gpushare_harness.kubelet import KubeletUnavailable
 from gpushare_harness.network import ClusterNetwork
 from gpushare_harness.nodes import FakeGpuNode, create_gpu_node
@@ -48,9 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser(
-        "build", help="build or find kube-apiserver, etcd, kubectl and kubelet-devices"
-    )
+    commands.add_parser("build", help="build or find the Kubernetes binaries")
+    commands.add_parser("images", help="build or find the operator and device-plugin images")
     for name in ("demo", "up", "status", "down"):
         command = commands.add_parser(name)
         command.add_argument("--dir", type=Path, default=cache_dir() / "cluster")
@@ -62,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     run: dict[str, Callable[[], int]] = {
         "build": _build,
+        "images": _images,
         "demo": lambda: _demo(args.dir),
         "up": lambda: _up(args.dir),
         "status": lambda: _status(args.dir),
@@ -75,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         return run[args.command]()
     except (
         BuildError,
+        ImageBuildError,
         ControlPlaneError,
         ApiError,
         client.ApiException,
@@ -84,6 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     ) as error:
         print(f"gpushare-dev {args.command}: {error}", file=sys.stderr)
         return 1
+
+
+def _images() -> int:
+    for image in build_images().values():
+        goal = "" if image.size_bytes <= SIZE_GOAL_BYTES else " (over the 200 MB goal)"
+        print(
+            f"{image.name}: {image.size_bytes / 1e6:.0f} MB unpacked{goal}, "
+            f"{image.archive_bytes / 1e6:.0f} MB archive {image.archive}"
+        )
+    return 0
 
 
 def _build() -> int:

@@ -43,6 +43,10 @@ from gpushare_harness.pki import Pki, write_pki
 _START_TIMEOUT_S = 90.0
 _PR_SET_PDEATHSIG = 1
 
+SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+KUBERNETES_SERVICE_IP = "10.0.0.1"
+"""The `kubernetes` Service: the first address of the range (the apiserver gives it that)."""
+
 
 class ControlPlaneError(RuntimeError):
     """The control plane did not start; the message carries the end of its log."""
@@ -99,7 +103,9 @@ class ControlPlane:
 
     def start(self) -> ControlPlane:
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.pki = write_pki(self.directory / "pki", server_ips=sorted({"127.0.0.1", self.address}))
+        # Pods reach the apiserver as the `kubernetes` Service (kube-proxy on real nodes).
+        server_ips = sorted({"127.0.0.1", self.address, KUBERNETES_SERVICE_IP})
+        self.pki = write_pki(self.directory / "pki", server_ips=server_ips)
         for attempt in range(3):  # a free port can be taken between probing and binding
             self.endpoints = Endpoints(
                 apiserver_port=free_port(),
@@ -185,7 +191,7 @@ class ControlPlane:
                 f"--tls-cert-file={pki.serving_cert}",
                 f"--tls-private-key-file={pki.serving_key}",
                 f"--client-ca-file={pki.ca_cert}",
-                "--service-cluster-ip-range=10.0.0.0/24",
+                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
                 f"--service-account-issuer={ports.server}",
                 f"--service-account-key-file={pki.sa_public}",
                 f"--service-account-signing-key-file={pki.sa_private}",

@@ -1,4 +1,4 @@
-"""Installing the project's CustomResourceDefinitions (manifests/crds) into a cluster."""
+"""Installing the project's CustomResourceDefinitions (manifests/base/crds) into a cluster."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from kubernetes_asyncio import client
 
 from gpushare.kube import api_client
 
-CRD_DIR = Path(__file__).resolve().parents[2] / "manifests" / "crds"
+CRD_DIR = Path(__file__).resolve().parents[2] / "manifests" / "base" / "crds"
 
 
 async def install_crds(api: client.ApiClient, *, timeout_s: float = 30.0) -> list[str]:
-    """Create (or leave in place) every CRD under manifests/crds and wait until each is
+    """Create (or leave in place) every CRD under manifests/base/crds and wait until each is
     Established; returns their names."""
     extensions = client.ApiextensionsV1Api(api)
     names = []

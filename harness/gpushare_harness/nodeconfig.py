@@ -1,7 +1,7 @@
 """The configuration files of a real node (`gpushare_harness.realnode`), all inside the node's
-folder `directory`: containerd's config, the CNI conflist of the pod network and the kubelet's
-config, rendered as text by pure functions, and the one function that writes them with the
-kubelet's certificates and kubeconfig."""
+folder `directory`: containerd's config, the CNI conflist of the pod network, the kubelet's
+and kube-proxy's configs, rendered as text by pure functions, and the one function that
+writes them with the certificates and kubeconfigs of the kubelet and kube-proxy."""
 
 from __future__ import annotations
 
@@ -66,7 +66,10 @@ def containerd_config(directory: Path, *, sandbox_image: str) -> str:
 
 
 def cni_conflist(directory: Path) -> str:
-    """The pods' network: a bridge inside the node's namespace, addresses from POD_SUBNET."""
+    """The pods' network: a bridge inside the node's namespace, addresses from POD_SUBNET,
+    the node as their gateway and masquerading them (so that they reach the control plane,
+    through kube-proxy's `kubernetes` Service, as pods do on any cluster). The node's
+    namespace has no default route: nothing of a pod's leaves the cluster's bridge."""
     return json.dumps(
         {
             "cniVersion": "0.4.0",
@@ -75,10 +78,8 @@ def cni_conflist(directory: Path) -> str:
                 {
                     "type": "bridge",
                     "bridge": "cni0",
-                    # No gateway, no masquerade: pods reach only the node's pod
-                    # network, so nothing of theirs can leave the node.
-                    "isGateway": False,
-                    "ipMasq": False,
+                    "isDefaultGateway": True,
+                    "ipMasq": True,
                     "ipam": {
                         "type": "host-local",
                         "ranges": [[{"subnet": POD_SUBNET}]],
@@ -148,6 +149,32 @@ def kubelet_config(
     return yaml.safe_dump(config, sort_keys=False)
 
 
+def kube_proxy_config(directory: Path, *, name: str, address: str) -> str:
+    """kube-proxy's config: iptables mode inside the node's namespace, leaving every kernel
+    setting outside it alone (conntrack sizes and timeouts are the machine's)."""
+    config: dict[str, Any] = {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(directory / "kube-proxy.kubeconfig")},
+        "hostnameOverride": name,
+        "bindAddress": address,
+        "healthzBindAddress": "127.0.0.1:10256",
+        "metricsBindAddress": "127.0.0.1:10249",
+        "mode": "iptables",
+        "clusterCIDR": POD_SUBNET,
+        "iptables": {"localhostNodePorts": False},
+        "conntrack": {
+            "maxPerCore": 0,
+            "min": 0,
+            "tcpEstablishedTimeout": "0s",
+            "tcpCloseWaitTimeout": "0s",
+            "udpTimeout": "0s",
+            "udpStreamTimeout": "0s",
+        },
+    }
+    return yaml.safe_dump(config, sort_keys=False)
+
+
 def write_node_files(
     directory: Path,
     *,
@@ -172,6 +199,13 @@ def write_node_files(
         f"system:node:{name}",
         {"client-certificate": str(client_cert), "client-key": str(client_key)},
     )
+    # The user the bootstrap policy binds to system:node-proxier.
+    proxy_cert, proxy_key = pki.issue(directory / "kube-proxy-client", "system:kube-proxy")
+    plane.write_kubeconfig(
+        directory / "kube-proxy.kubeconfig",
+        "system:kube-proxy",
+        {"client-certificate": str(proxy_cert), "client-key": str(proxy_key)},
+    )
     files = {
         directory / "containerd.toml": containerd_config(directory, sandbox_image=sandbox_image),
         directory / "cni" / "10-gpushare.conflist": cni_conflist(directory),
@@ -183,6 +217,7 @@ def write_node_files(
             ca_cert=pki.ca_cert,
             overrides=kubelet_overrides,
         ),
+        directory / "kube-proxy.yaml": kube_proxy_config(directory, name=name, address=address),
     }
     for path, text in files.items():
         path.write_text(text)

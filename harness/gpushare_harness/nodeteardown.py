@@ -1,11 +1,11 @@
 """Teardown of real nodes (`gpushare_harness.realnode`), running or left by a crashed run.
 
 Each running node records the pids of its processes beside it (node.json) and a pointer to
-its folder in a registry (`record`). `cleanup` kills the kubelet, the containers' processes,
-containerd, its shims (found by the node's own socket path) and the holder, each by pid and
-only while the pid is still ours, then removes the containers' cgroups and the node's folder.
-The namespaces, their mounts, veth and pod bridge vanish with the holder. `sweep` cleans up
-every recorded node whose holder is gone.
+its folder in a registry (`record`). `cleanup` kills kube-proxy, the kubelet, the containers'
+processes, containerd, its shims (found by the node's own socket path) and the holder, each by
+pid and only while the pid is still ours, then removes the containers' cgroups and the node's
+folder. The namespaces, their mounts, veth, pod bridge and iptables rules vanish with the
+holder. `sweep` cleans up every recorded node whose holder is gone.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ CGROUPS = Path("/sys/fs/cgroup")
 HOLDER = "node namespaces"
 CONTAINERD = "containerd"
 KUBELET = "kubelet"
+KUBE_PROXY = "kube-proxy"
 # The holder's last command: what tells its pid from a reused one.
 HOLDER_MARK = "sleep infinity"
 
@@ -65,6 +66,7 @@ def cleanup(directory: Path) -> None:
     pids: dict[str, int] = (
         json.loads(state_file.read_text())["pids"] if state_file.is_file() else {}
     )
+    _end(pids.get(KUBE_PROXY), str(directory))
     _end(pids.get(KUBELET), str(directory))
     bundles = containerd_state(directory) / "io.containerd.runtime.v2.task" / "k8s.io"
     ids = sorted(p.name for p in bundles.iterdir()) if bundles.is_dir() else []

@@ -11,8 +11,10 @@ How one node is laid out (`directory` holds all of its state):
 - A veth pair joins the namespace to the cluster's bridge (`gpushare_harness.network`); the
   node's end gets its InternalIP. The namespace has no default route: pods reach only each
   other, the node and the control plane.
-- containerd and the kubelet run inside both namespaces (`nsenter`), with the node's own
-  containerd socket, root and state; pods are bridge-networked by CNI (no gateway, no NAT).
+- containerd, the kubelet and kube-proxy run inside both namespaces (`nsenter`), with the
+  node's own containerd socket, root and state; pods are bridge-networked by CNI, with the
+  node as their gateway (masqueraded, inside the node's namespace only), and reach Services,
+  the `kubernetes` one included, through kube-proxy's iptables rules in that namespace.
 - The kubelet authenticates as `system:node:<name>` with a certificate of the cluster CA, and
   serves with one for its InternalIP; it accepts only client certificates of that CA and
   webhook-authorized users (no anonymous access).
@@ -49,6 +51,7 @@ from gpushare_harness.nodeteardown import (
     CONTAINERD,
     HOLDER,
     HOLDER_MARK,
+    KUBE_PROXY,
     KUBELET,
     cleanup,
     record,
@@ -133,7 +136,9 @@ class RealNode:
         self._holder = LoggedProcess(directory / "holder.log", detached=detached)
         self._containerd = LoggedProcess(directory / "containerd.log", detached=detached)
         self.kubelet = LoggedProcess(directory / "kubelet.log", detached=detached)
+        self._kube_proxy = LoggedProcess(directory / "kube-proxy.log", detached=detached)
         self.kubelet.name = KUBELET
+        self._kube_proxy.name = KUBE_PROXY
         self._containerd.name = CONTAINERD
         self._holder.name = HOLDER
 
@@ -175,6 +180,7 @@ class RealNode:
             self._start_containerd()
             self._import_images()
             self.start_kubelet(timeout_s=timeout_s)
+            self._start_kube_proxy()
         except BaseException:
             self.stop()
             raise
@@ -207,7 +213,7 @@ class RealNode:
 
     def stop(self) -> None:
         cleanup(self.directory)
-        for process in (self.kubelet, self._containerd, self._holder):
+        for process in (self._kube_proxy, self.kubelet, self._containerd, self._holder):
             process.stop()  # ended by `cleanup`: only reaped here
 
     def __enter__(self) -> RealNode:
@@ -352,13 +358,46 @@ class RealNode:
 
     def _import_images(self) -> None:
         for image in node_images(self.binaries):
-            self.ctr("images", "import", "--no-unpack", str(image.archive))
+            self.import_image(image.archive)
+
+    def import_image(self, archive: Path) -> None:
+        """An OCI archive into the node's containerd, as `ctr images import` does."""
+        self.ctr("images", "import", "--no-unpack", str(archive))
+
+    def _start_kube_proxy(self) -> None:
+        argv = [
+            *self._enter(),
+            str(self.binaries.kube_proxy),
+            f"--config={self.directory / 'kube-proxy.yaml'}",
+            "--v=1",
+        ]
+        self._kube_proxy._spawn(argv, dict(os.environ))
+        self._record()
+        deadline = time.monotonic() + 60
+        while not self._kubernetes_service_routed():
+            if not self._kube_proxy.running or time.monotonic() > deadline:
+                raise RealNodeError(
+                    f"kube-proxy of {self.name} did not route the kubernetes Service:\n"
+                    f"{self._kube_proxy.tail()}"
+                )
+            time.sleep(0.5)
+
+    def _kubernetes_service_routed(self) -> bool:
+        """kube-proxy's rules in the node's namespace carry the `kubernetes` Service."""
+        rules = subprocess.run(
+            [*self._enter(), "iptables-save", "-t", "nat"],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
+        return "default/kubernetes:https" in rules.stdout
 
     def _record(self) -> None:
         """The pids and paths `cleanup` needs, beside the node and in the registry."""
         pids = {
             proc.name: proc.pid
-            for proc in (self._holder, self._containerd, self.kubelet)
+            for proc in (self._holder, self._containerd, self.kubelet, self._kube_proxy)
             if proc.running
         }
         record(self.name, self.directory, holder=self._holder.pid, pids=pids)

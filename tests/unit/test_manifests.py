@@ -42,14 +42,37 @@ def test_each_component_has_its_own_service_account() -> None:
     }
 
 
-def test_the_kustomization_lists_every_manifest_but_the_examples() -> None:
-    listed = set(documents(MANIFESTS / "kustomization.yaml")[0]["resources"])
+def test_the_base_kustomization_lists_every_manifest_of_the_base() -> None:
+    base = MANIFESTS / "base"
+    listed = set(documents(base / "kustomization.yaml")[0]["resources"])
     present = {
-        p.relative_to(MANIFESTS).as_posix()
-        for p in MANIFESTS.rglob("*.yaml")
-        if p.name != "kustomization.yaml" and p.parent.name != "examples"
+        p.relative_to(base).as_posix()
+        for p in base.rglob("*.yaml")
+        if p.name != "kustomization.yaml"
     }
     assert listed == present
+    assert documents(MANIFESTS / "kustomization.yaml")[0]["resources"] == ["base"]
+
+
+def test_fake_cards_and_the_dropped_runtime_class_live_in_the_dev_overlay_only() -> None:
+    shipped = list((MANIFESTS / "base").rglob("*.yaml"))
+    assert not any("GPUSHARE_FAKE_GPUS" in p.read_text() for p in shipped)
+    dev = (MANIFESTS / "overlays" / "dev" / "kustomization.yaml").read_text()
+    assert "GPUSHARE_FAKE_GPUS" in dev
+    assert "../../base" in dev
+
+
+def test_only_the_device_plugins_namespace_is_privileged() -> None:
+    levels = {
+        doc["metadata"]["name"]: doc["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
+        for doc in documents(MANIFESTS / "base" / "namespace.yaml")
+    }
+    assert levels == {"gpushare-system": "restricted", "gpushare-device-plugin": "privileged"}
+    for path in (MANIFESTS / "base").rglob("*.yaml"):
+        for doc in documents(path):
+            volumes = doc.get("spec", {}).get("template", {}).get("spec", {}).get("volumes", [])
+            if any("hostPath" in volume for volume in volumes):
+                assert doc["metadata"]["namespace"] == "gpushare-device-plugin", path
 
 
 def test_containers_run_without_privilege() -> None:

@@ -32,17 +32,17 @@ def kubectl(plane: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]
     )
 
 
-async def token_for(core: client.CoreV1Api, account: str) -> str:
+async def token_for(core: client.CoreV1Api, account: str, namespace: str) -> str:
     request = client.AuthenticationV1TokenRequest(
         spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
     )
-    answer = await core.create_namespaced_service_account_token(account, "gpushare-system", request)
+    answer = await core.create_namespaced_service_account_token(account, namespace, request)
     return str(answer.status.token)
 
 
 async def test_the_manifests_pass_a_server_side_dry_run(plane: ControlPlane) -> None:
     # A dry run creates no namespace, so the namespaced objects need it to exist already.
-    namespace = kubectl(plane, "apply", "-f", str(MANIFESTS / "namespace.yaml"))
+    namespace = kubectl(plane, "apply", "-f", str(MANIFESTS / "base" / "namespace.yaml"))
     assert namespace.returncode == 0, namespace.stderr
     result = kubectl(plane, "apply", "--dry-run=server", "-k", str(MANIFESTS))
     assert result.returncode == 0, result.stderr
@@ -70,12 +70,12 @@ async def test_the_components_need_no_more_than_their_roles(
     operator_config = plane.token_kubeconfig(
         tmp_path / "operator.kubeconfig",
         "gpushare-operator",
-        await token_for(core, "gpushare-operator"),
+        await token_for(core, "gpushare-operator", "gpushare-system"),
     )
     plugin_config = plane.token_kubeconfig(
         tmp_path / "plugin.kubeconfig",
         "gpushare-device-plugin",
-        await token_for(core, "gpushare-device-plugin"),
+        await token_for(core, "gpushare-device-plugin", "gpushare-device-plugin"),
     )
     node = await gpu_node("gpu-node-1", "8x11178", kubeconfig=plugin_config)
     operator = start_operator(KUBECONFIG=str(operator_config))
