@@ -154,7 +154,6 @@ def _demo(directory: Path) -> int:
         cluster.start()
         assert cluster.plane is not None
         kubeconfig = cluster.plane.kubeconfig
-        install_project_at(kubeconfig)
         demo.start_components(cluster, components)
     except BaseException:
         _stop({"components": components, **(cluster.describe() if cluster.plane else {})})
@@ -172,7 +171,7 @@ def _demo(directory: Path) -> int:
         f"  export PATH={':'.join(str(t) for t in tools)}:$PATH\n"
         f"  kubectl get gpunodes; kubectl get pods -o wide; kubectl gpushare inspect\n"
         f"  kubectl exec gpu-pod1 -- env\n"
-        f"Logs: {directory}/*.log; the real node's: {cluster.nodes[demo.REAL_NODE[0]].directory}\n"
+        f"Logs: {directory}/*.log; the real node's: {cluster.nodes[demo.REAL_NODE].directory}\n"
         f"Stop it all: " + (f"gpushare-dev down{flag}" if flag else "make down")
     )
     return 0

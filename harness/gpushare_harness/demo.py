@@ -1,13 +1,16 @@
 """The user guide, end to end, on this machine: `gpushare-dev demo` (`make demo`).
 
 It starts a whole local cluster (etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler), the guide's node `gpu-node-1` as a real node (the kubelet, containerd and
-runc, in namespaces of its own; `gpushare_harness.realnode`) with the gpushare device plugin
-on 8 fake cards of 11178 MiB, a second, heterogeneous node `gpu-node-2` whose kubelet is only
-the kubelet's device manager (`kubelet-devices`: no containers run there), and the operator;
-then applies the guide's gpu-pod1 and gpu-pod2 unchanged and shows what the guide shows, the
-env through a real `kubectl exec`. Everything keeps running afterwards; `gpushare-dev down`
-stops it all.
+kube-scheduler) and the guide's node `gpu-node-1` as a real node (the kubelet, kube-proxy,
+containerd and runc, in namespaces of its own; `gpushare_harness.realnode`), then installs
+gpushare the way the README tells admins to: the two images built from the Dockerfiles and
+imported into the node's containerd, the node labelled `gpushare=true`, and `kubectl apply -k
+manifests/overlays/dev` (the operator Deployment, and the device plugin's DaemonSet on 8 fake
+cards of 11178 MiB). A second, heterogeneous node `gpu-node-2` has only the kubelet's device
+manager (`kubelet-devices`: no containers run there), with the device plugin beside it as a
+process. Then the guide's gpu-pod1 and gpu-pod2 are applied unchanged and the demo shows what
+the guide shows, the env through a real `kubectl exec`. Everything keeps running afterwards;
+`gpushare-dev down` stops it all.
 """
 
 from __future__ import annotations
@@ -23,14 +26,15 @@ from kubernetes_asyncio import client
 from gpushare.kube import api_client, raw_json
 from gpushare.model import contract
 from gpushare_harness.binaries import ensure_binaries
+from gpushare_harness.imagebuild import build_images
 from gpushare_harness.kubelet import KubeletHarness
 from gpushare_harness.nodes import FakeGpuNode, create_gpu_node
-from gpushare_harness.operator import OperatorProcess
 from gpushare_harness.plugin import PluginProcess
-from gpushare_harness.realnode import RealCluster
+from gpushare_harness.realnode import RealCluster, RealNode
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
-REAL_NODE = ("gpu-node-1", "8x11178")  # the guide's node: 8 cards of 11178 MiB
+MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
+EXAMPLES = MANIFESTS / "examples"
+REAL_NODE = "gpu-node-1"  # the guide's node: 8 cards of 11178 MiB (manifests/overlays/dev)
 FAKE_NODE = ("gpu-node-2", "1x81920,1x40960,2x24576")  # heterogeneous cards
 GUIDE_PODS = ("gpu-pod1", "gpu-pod2")
 
@@ -39,7 +43,7 @@ def section(title: str) -> None:
     print(f"\n== {title}", flush=True)
 
 
-def kubectl(kubeconfig: Path, *args: str) -> str:
+def kubectl(kubeconfig: Path, *args: str, timeout_s: float = 60) -> str:
     binary = ensure_binaries().kubectl
     shown = " ".join(args)
     print(f"$ kubectl {shown}", flush=True)
@@ -48,7 +52,7 @@ def kubectl(kubeconfig: Path, *args: str) -> str:
         capture_output=True,
         text=True,
         check=False,
-        timeout=60,
+        timeout=timeout_s,
     )
     if result.returncode != 0:
         raise RuntimeError(f"kubectl {shown} failed: {result.stderr.strip()}")
@@ -88,14 +92,34 @@ async def _wait_running(kubeconfig: Path, names: tuple[str, ...], timeout_s: flo
         raise RuntimeError(f"the guide's pods are not Running after {timeout_s} s: {phases}")
 
 
+def install(node: RealNode, kubeconfig: Path) -> None:
+    """gpushare on the real node as the README's install: images, label, kubectl apply -k."""
+    section("install gpushare as an admin does: images, the node's label, kubectl apply -k")
+    print("$ gpushare-dev images   (docker/*.Dockerfile, built with buildah)", flush=True)
+    for image in build_images().values():
+        print(f"{image.name}: {image.size_bytes / 1e6:.0f} MB", flush=True)
+        print(f"$ ctr -n k8s.io images import {image.archive.name}   (on {node.name})")
+        node.import_image(image.archive)
+    kubectl(kubeconfig, "label", "node", node.name, "gpushare=true")
+    kubectl(kubeconfig, "apply", "-k", str(MANIFESTS / "overlays" / "dev"))
+    for namespace, workload in (
+        ("gpushare-system", "deployment/gpushare-operator"),
+        ("gpushare-device-plugin", "daemonset/gpushare-device-plugin"),
+    ):
+        kubectl(
+            kubeconfig, "-n", namespace, "rollout", "status", workload, "--timeout=240s",
+            timeout_s=300,
+        )  # fmt: skip
+    kubectl(kubeconfig, "get", "pods", "-A", "-o", "wide")
+
+
 def start_components(cluster: RealCluster, pids: dict[str, int]) -> None:
-    """The real node and its device plugin, the fake node (kubelet-devices and plugin), then
-    the operator; their pids go into `pids` as each starts (so a failure stops them)."""
+    """The real node with gpushare installed on it, then the fake node (kubelet-devices and
+    a device plugin process); their pids go into `pids` as each starts (so a failure stops
+    them)."""
     assert cluster.plane is not None
     directory, kubeconfig = cluster.directory, cluster.plane.kubeconfig
-    name, cards = REAL_NODE
-    plugin = cluster.add_node(name).device_plugin(cards, directory / f"{name}-device-plugin.log")
-    pids[f"{name}-device-plugin"] = plugin.start(timeout_s=60).pid
+    install(cluster.add_node(REAL_NODE), kubeconfig)
     name, cards = FAKE_NODE
     asyncio.run(_create_fake_node(kubeconfig, name))
     plugin_dir = directory / f"dp-{name}"
@@ -116,10 +140,6 @@ def start_components(cluster: RealCluster, pids: dict[str, int]) -> None:
         detached=True,
     )
     pids[f"{name}-device-plugin"] = plugin.start(timeout_s=60).pid
-    operator = OperatorProcess(
-        kubeconfig, directory / "operator.log", identity="demo", detached=True
-    ).start(timeout_s=60)
-    pids["operator"] = operator.pid
 
 
 def show(directory: Path, kubeconfig: Path) -> None:

@@ -1,6 +1,7 @@
-"""The README's first command, end to end: `gpushare-dev demo` shows what the user guide
-shows (the env through a real `kubectl exec` on a real node), leaves the cluster running for
-kubectl, and `gpushare-dev down` stops and removes all of it."""
+"""The README's first command, end to end: `gpushare-dev demo` installs gpushare as an admin
+does (images, node label, `kubectl apply -k`), shows what the user guide shows (the env
+through a real `kubectl exec` on a real node), leaves the cluster running for kubectl, and
+`gpushare-dev down` stops and removes all of it."""
 
 from __future__ import annotations
 
@@ -26,6 +27,12 @@ def test_the_demo_shows_the_guide_and_down_stops_everything(
     try:
         assert shown.returncode == 0, shown.stderr + shown.stdout
         out = shown.stdout
+        # Installed as the README tells admins: the images, the label, kubectl apply -k.
+        assert "localhost/gpushare/operator:0.1.0" in out
+        assert "$ kubectl label node gpu-node-1 gpushare=true" in out
+        assert "manifests/overlays/dev" in out
+        assert 'deployment "gpushare-operator" successfully rolled out' in out
+        assert 'daemon set "gpushare-device-plugin" successfully rolled out' in out
         # The guide's node, its pods on card 0, the annotations and the env it documents.
         assert "gpu-node-1   89424        8" in out
         assert "gpu-pod1   1/1     Running" in out
@@ -46,7 +53,9 @@ def test_the_demo_shows_the_guide_and_down_stops_everything(
         node_directory = Path(state["nodes"]["gpu-node-1"])
         node = json.loads((node_directory / "node.json").read_text())
         pids = [*state["pids"].values(), *state["components"].values(), *node["pids"].values()]
-        assert len(pids) == 4 + 4 + 3  # control plane, components, the real node's
+        # The control plane's; the fake node's kubelet-devices and plugin; the real node's
+        # holder, containerd, kubelet and kube-proxy (gpushare runs in its pods).
+        assert len(pids) == 4 + 2 + 4
         assert all(alive(pid) for pid in pids)  # left running for the person
         bridge = state["network"]["bridge"]
     finally:
