@@ -1,13 +1,13 @@
-"""The Kubernetes binaries the harness runs, built from the Go module proxy and cached outside
-the repository: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, the
-kubelet (for real nodes), kubelet-devices and pause.
+"""The binaries the harness runs, built from the Go module proxy and cached outside the
+repository: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy and the
+kubelet (for real nodes), kubectl, kubelet-devices, pause and Helm.
 
 The wrapper module in harness/go pins k8s.io/kubernetes and every staging module, and etcd's
 server; it also holds kubelet-devices (harness/go/kubeletdevices), the kubelet's own device
 manager acting for one fake node, and pause (harness/go/pause), the real node's sandbox
-image. A build is keyed by the hash of go.mod, go.sum and our Go
-sources, so changing a pin or the harness rebuilds and nothing else does. Cache:
-$GPUSHARE_CACHE, else ~/.cache/gpushare.
+image. Helm (for the chart's tests) is built in harness/go/helm, a module of its own. A build
+is keyed by the hash of both modules' go.mod and go.sum and our Go sources, so changing a pin
+or the harness rebuilds and nothing else does. Cache: $GPUSHARE_CACHE, else ~/.cache/gpushare.
 """
 
 from __future__ import annotations
@@ -39,7 +39,10 @@ _PACKAGES = {
     "kubelet": "k8s.io/kubernetes/cmd/kubelet",
     "kubelet_devices": "./kubeletdevices",
     "pause": "./pause",
+    "helm": "helm.sh/helm/v4/cmd/helm",
 }
+# Built in a module of their own (Helm's Kubernetes libraries must not move the cluster's).
+_OWN_MODULES = {"helm": GO_MODULE / "helm"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +56,7 @@ class Binaries:
     kubelet: Path
     kubelet_devices: Path
     pause: Path
+    helm: Path
 
     def paths(self) -> dict[str, Path]:
         return {field: getattr(self, field) for field in _PACKAGES}
@@ -76,7 +80,9 @@ def kubernetes_version() -> str:
 
 def expected_binaries() -> Binaries:
     digest = hashlib.sha256()
-    sources = [GO_MODULE / "go.mod", GO_MODULE / "go.sum", *sorted(GO_MODULE.rglob("*.go"))]
+    modules = [GO_MODULE, *_OWN_MODULES.values()]
+    sources = [module / name for module in modules for name in ("go.mod", "go.sum")]
+    sources += sorted(GO_MODULE.rglob("*.go"))
     for source in sources:
         digest.update(source.relative_to(GO_MODULE).as_posix().encode())
         digest.update(source.read_bytes())
@@ -113,7 +119,7 @@ def ensure_binaries(*, log: bool = True) -> Binaries:
         partial = target.with_suffix(".partial")
         result = subprocess.run(
             [go, "build", "-trimpath", "-ldflags", ldflags, "-o", str(partial), package],
-            cwd=GO_MODULE,
+            cwd=_OWN_MODULES.get(field, GO_MODULE),
             env={**os.environ, "CGO_ENABLED": "0"},
             capture_output=True,
             text=True,

@@ -107,6 +107,9 @@ def build_images(*, log: bool = True) -> dict[str, BuiltImage]:
         staging.rename(folder)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    for older in folder.parent.iterdir():  # images of earlier sources are never used again
+        if older.is_dir() and (older / "images.json").is_file() and older != folder:
+            shutil.rmtree(older, ignore_errors=True)
     result = _read_built(folder)
     assert result is not None
     return result
