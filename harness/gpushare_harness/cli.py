@@ -4,7 +4,7 @@
                                        leaves everything running
     gpushare-dev build                 build (or find) the Go binaries: kube-apiserver,
                                        etcd, kubectl, kubelet, kube-proxy, ...
-    gpushare-dev images                build (or find) the operator and device-plugin
+    gpushare-dev images [--base OCI]   build (or find) the operator and device-plugin
                                        images from docker/*.Dockerfile (buildah, no engine):
                                        OCI archives to import into a node's containerd
     gpushare-dev up [--dir D]          start etcd + kube-apiserver, install the CRDs,
@@ -53,7 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("build", help="build or find the Kubernetes binaries")
-    commands.add_parser("images", help="build or find the operator and device-plugin images")
+    images = commands.add_parser(
+        "images", help="build or find the operator and device-plugin images"
+    )
+    images.add_argument(
+        "--base", type=Path, help="an OCI archive of the base image (default: Debian's, made here)"
+    )
     for name in ("demo", "up", "status", "down"):
         command = commands.add_parser(name)
         command.add_argument("--dir", type=Path, default=cache_dir() / "cluster")
@@ -65,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     run: dict[str, Callable[[], int]] = {
         "build": _build,
-        "images": _images,
+        "images": lambda: _images(args.base),
         "demo": lambda: _demo(args.dir),
         "up": lambda: _up(args.dir),
         "status": lambda: _status(args.dir),
@@ -91,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _images() -> int:
-    for image in build_images().values():
+def _images(base: Path | None) -> int:
+    for image in build_images(base=base).values():
         goal = "" if image.size_bytes <= SIZE_GOAL_BYTES else " (over the 200 MB goal)"
         print(
             f"{image.name}: {image.size_bytes / 1e6:.0f} MB unpacked{goal}, "

@@ -77,23 +77,33 @@ def image_name(component: str) -> str:
     return f"{REPOSITORY}/{component}:{VERSION}"
 
 
-def build_images(*, log: bool = True) -> dict[str, BuiltImage]:
-    """Both images, from the cache when nothing that goes into them has changed."""
+def build_images(*, base: Path | None = None, log: bool = True) -> dict[str, BuiltImage]:
+    """Both images, from the cache when nothing that goes into them has changed. `base`: an
+    OCI archive of another base image (a pulled python:3.11-slim, say) instead of the Debian
+    one made here."""
     for tool, package in (("buildah", "buildah"), ("mmdebstrap", "mmdebstrap")):
         if shutil.which(tool) is None:
             raise ImageBuildError(
                 f"{tool} is missing: apt-get install {package} (or `make node-packages`)"
             )
-    folder = cache_dir() / "images" / _inputs_digest()
+    if base is not None and not base.is_file():
+        raise ImageBuildError(f"the base image archive {base} does not exist")
+    folder = cache_dir() / "images" / _inputs_digest(base)
     built = _read_built(folder)
     if built is not None:
         return built
-    base = _base_archive(log=log)
+    folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix="build-", dir=folder.parent))
     try:
         with _buildah_storage() as buildah:
-            base_name = f"{REPOSITORY}/base:bookworm-{base.stem.rsplit('-', 1)[-1]}"
-            _import_base(buildah, base, base_name)
+            if base is None:
+                made = _base_archive(log=log)
+                base_name = f"{REPOSITORY}/base:bookworm-{made.stem.rsplit('-', 1)[-1]}"
+                _import_base(buildah, made, base_name)
+            else:
+                base_name = f"{REPOSITORY}/base:given-{folder.name}"
+                pulled = _run([*buildah, "pull", f"oci-archive:{base}"], step="buildah pull")
+                _run([*buildah, "tag", pulled.split()[-1], base_name], step="buildah tag")
             images = {}
             for component, dockerfile in DOCKERFILES.items():
                 if log:
@@ -107,7 +117,8 @@ def build_images(*, log: bool = True) -> dict[str, BuiltImage]:
         staging.rename(folder)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    for older in folder.parent.iterdir():  # images of earlier sources are never used again
+    for older in folder.parent.iterdir() if base is None else ():
+        # Images of earlier sources are never used again.
         if older.is_dir() and (older / "images.json").is_file() and older != folder:
             shutil.rmtree(older, ignore_errors=True)
     result = _read_built(folder)
@@ -115,16 +126,18 @@ def build_images(*, log: bool = True) -> dict[str, BuiltImage]:
     return result
 
 
-def _inputs_digest() -> str:
+def _inputs_digest(base: Path | None) -> str:
     digest = hashlib.sha256(repr((_BASE_PACKAGES, _BASE_EXCLUDES, VERSION)).encode())
     files = [ROOT / "pyproject.toml", ROOT / "README.md", ROOT / "docker" / "constraints.txt"]
+    files += [base] if base is not None else []
     files += DOCKERFILES.values()
     for root in _SOURCE_ROOTS:
         files += sorted(
             p for p in (ROOT / root).rglob("*") if p.is_file() and "__pycache__" not in p.parts
         )
     for file in files:
-        digest.update(str(file.relative_to(ROOT)).encode() + b"\0" + file.read_bytes())
+        name = file.relative_to(ROOT) if file.is_relative_to(ROOT) else file.name
+        digest.update(str(name).encode() + b"\0" + file.read_bytes())
     return digest.hexdigest()[:16]
 
 

@@ -59,6 +59,30 @@ def test_the_images_stay_within_200_mb_and_carry_only_their_components_dependenc
         assert all(line.endswith("False") for line in found.splitlines()), found
 
 
+def test_an_image_the_node_does_not_have_shows_why_its_pod_waits(
+    installed: Installed, tmp_path: Path
+) -> None:
+    missing = "localhost/gpushare/operator:0.0.0"
+    pod = tmp_path / "missing.yaml"
+    pod.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: missing-image}\n"
+        f"spec: {{containers: [{{name: c, image: '{missing}'}}]}}\n"
+    )
+    installed.kubectl("apply", "-f", str(pod))
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            statuses = installed.get("pod", "missing-image")["status"].get("containerStatuses", [])
+            waiting = statuses[0]["state"].get("waiting", {}) if statuses else {}
+            if waiting.get("reason") in {"ErrImagePull", "ImagePullBackOff"}:
+                break
+            assert time.monotonic() < deadline, statuses
+            time.sleep(1)
+        assert missing in waiting.get("message", ""), waiting
+    finally:
+        installed.kubectl("delete", "pod", "missing-image", "--ignore-not-found")
+
+
 def test_the_operator_runs_two_replicas_one_leading_and_the_plugin_serves_the_node(
     installed: Installed,
 ) -> None:
