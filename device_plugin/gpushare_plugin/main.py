@@ -86,7 +86,9 @@ async def run(config: PluginConfig, stop: asyncio.Event) -> int:
         metrics.serve(config.metrics_port)
         async with await api_client(config.kubeconfig) as client:
             api = PluginApi(client)
-            publisher = InventoryPublisher(api=api, table=table, plugin_version=version("kube-gpushare"))
+            publisher = InventoryPublisher(
+                api=api, table=table, plugin_version=version("kube-gpushare")
+            )
             # Not `retry`: `publish` logs its own failure and answers False; it is tried
             # again until it succeeds or the plugin is stopped.
             for delay in _PUBLISH_BACKOFF.delays():
