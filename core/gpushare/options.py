@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+_N = TypeVar("_N", int, float)
 
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -70,15 +72,30 @@ def scheduler_names(raw: str) -> frozenset[str]:
     return found
 
 
+def bounded(
+    raw: str,
+    kind: Callable[[str], _N],
+    *,
+    low: _N,
+    high: _N | None = None,
+    above: bool = False,
+    must: str,
+) -> _N:
+    """`raw` read as `kind`, from `low` (or `above` it) up to `high`; ValueError(`must`) for
+    anything else, a text that is no number (or NaN) included."""
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ValueError(must) from None
+    fits = (low < value if above else low <= value) and (high is None or value <= high)
+    if not fits:
+        raise ValueError(must)
+    return value
+
+
 def port(raw: str) -> int:
     """A TCP port; 0 disables."""
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise ValueError("must be a port number (0 disables)")
-    return value
+    return bounded(raw, int, low=0, high=65535, must="must be a port number (0 disables)")
 
 
 def log_level(raw: str) -> str:

@@ -72,13 +72,7 @@ def _socket_dir(raw: str) -> Path:
 def _factor(raw: str) -> int | None:
     if raw.strip().lower() == AUTO:
         return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"must be a number >= 1, or {AUTO}")
-    return value
+    return options.bounded(raw, int, low=1, must=f"must be a number >= 1, or {AUTO}")
 
 
 def _visible(raw: str) -> VisibleDevices:
@@ -89,13 +83,7 @@ def _visible(raw: str) -> VisibleDevices:
 
 
 def _seconds(raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise ValueError("must be a number >= 0")
-    return value
+    return options.bounded(raw, float, low=0.0, must="must be a number >= 0")
 
 
 # The health options have no PluginConfig field of their own: together they make `health`.

@@ -110,7 +110,11 @@ def build_images(*, base: Path | None = None, log: bool = True) -> dict[str, Bui
                     print(f"building {image_name(component)} from {dockerfile.name}", flush=True)
                 archive = staging / f"{component}.oci.tar"
                 _build(buildah, dockerfile, base_name, image_name(component), archive)
-                images[component] = {"name": image_name(component), "archive": archive.name}
+                images[component] = {
+                    "name": image_name(component),
+                    "archive": archive.name,
+                    "size_bytes": unpacked_size(archive),  # once: it reads every layer
+                }
         (staging / "images.json").write_text(json.dumps(images, indent=2))
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(folder)
@@ -151,7 +155,7 @@ def _read_built(folder: Path) -> dict[str, BuiltImage] | None:
             component=component,
             name=entry["name"],
             archive=folder / entry["archive"],
-            size_bytes=unpacked_size(folder / entry["archive"]),
+            size_bytes=entry["size_bytes"],
         )
         for component, entry in images.items()
     }

@@ -61,23 +61,20 @@ def _policy(raw: str) -> Policy:
 
 
 def _seconds(raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        value = 0.0
-    if not 0 < value <= 86400:
-        raise ValueError("must be a number of seconds above 0 and at most 86400")
-    return value
+    return options.bounded(
+        raw,
+        float,
+        low=0.0,
+        above=True,
+        high=86400.0,
+        must="must be a number of seconds above 0 and at most 86400",
+    )
 
 
 def _count(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= 10000:
-        raise ValueError("must be a whole number from 1 to 10000")
-    return value
+    return options.bounded(
+        raw, int, low=1, high=10000, must="must be a whole number from 1 to 10000"
+    )
 
 
 def _boolean(raw: str) -> bool:
