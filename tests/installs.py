@@ -61,6 +61,19 @@ class Installed:
                 "-n", namespace, "rollout", "status", workload, "--timeout=240s", check=False
             )
             assert done.returncode == 0, f"{workload} did not roll out:\n{self.diagnosis()}"
+        self.admitting()
+
+    def admitting(self, timeout_s: float = 60) -> None:
+        """The admission webhook converts GPU pods: the guide's pod passes a server-side dry
+        run (which runs admission, as README's install section says to check)."""
+        guide = str(MANIFESTS / "examples" / "gpu-pod1.yaml")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            tried = self.kubectl("create", "--dry-run=server", "-f", guide, check=False)
+            if tried.returncode == 0:
+                return
+            assert time.monotonic() < deadline, f"{tried.stderr}\n{self.diagnosis()}"
+            time.sleep(1)
 
     def diagnosis(self) -> str:
         """What a person would look at: the pods, the events, the gpushare pods' logs."""

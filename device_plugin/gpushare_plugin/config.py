@@ -116,9 +116,10 @@ OPTIONS = (
         field="gpu_memory_factor",
         env="GPU_MEMORY_FACTOR",
         flag="--gpu-memory-factor",
-        default="1",
+        default=str(contract.DEFAULT_MEMORY_UNIT_MIB),
         parse=_factor,
-        help=f"MiB per gpu-memory device, or {AUTO} (the smallest that fits the kubelet)",
+        help="MiB per gpu-memory device: the cluster's unit (GPUShareConfig spec.memoryUnitMiB), "
+        f"or {AUTO} (the smallest that fits the kubelet; for pods that write units)",
     ),
     Option(
         field="visible_devices",

@@ -14,6 +14,8 @@ real kubelet only registers once it is ready to run pods.
 The apiserver listens on one address: loopback, or for planes with real nodes the address of
 the bridge those nodes join (`gpushare_harness.network`); the kubelets are dialled at their
 InternalIP only, so nothing ever resolves a node's name through the machine's resolver.
+Webhooks and aggregated APIs are dialled at their Service's endpoints (pod IPs, which the host
+routes to the real nodes), not at its ClusterIP: no kube-proxy runs on the host.
 
 Processes run in their own session so one signal stops each with its children; in tests
 they also die with the test process (PR_SET_PDEATHSIG), so a crashed run leaves nothing.
@@ -205,6 +207,8 @@ class ControlPlane:
                 f"--kubelet-client-certificate={pki.kubelet_client_cert}",
                 f"--kubelet-client-key={pki.kubelet_client_key}",
                 f"--kubelet-certificate-authority={pki.ca_cert}",
+                # No kube-proxy on the host: dial a Service's endpoints (pods), not its ClusterIP.
+                "--enable-aggregator-routing=true",
                 "--profiling=false",
             ],
         )

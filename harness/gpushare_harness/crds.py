@@ -1,4 +1,5 @@
-"""Installing the project's CustomResourceDefinitions (manifests/base/crds) into a cluster."""
+"""Installing the project's CustomResourceDefinitions (manifests/base/crds) into a cluster,
+and its admission objects (manifests/base/admission) for an operator run as a local process."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from kubernetes_asyncio import client
 from gpushare.kube import api_client
 
 CRD_DIR = Path(__file__).resolve().parents[2] / "manifests" / "base" / "crds"
+ADMISSION_DIR = CRD_DIR.parent / "admission"
 
 
 async def install_crds(api: client.ApiClient, *, timeout_s: float = 30.0) -> list[str]:
@@ -65,3 +67,53 @@ def install_project_at(kubeconfig: Path) -> None:
             await install_project(api)
 
     asyncio.run(install())
+
+
+async def install_admission(api: client.ApiClient, webhook_url: str) -> None:
+    """The ValidatingAdmissionPolicy and the MutatingWebhookConfiguration of
+    manifests/base/admission, the webhook called at `webhook_url` (an operator on this
+    machine, `GPUSHARE_WEBHOOK_ADDRESS=127.0.0.1`) instead of through its Service; the
+    operator fills in the caBundle. Objects already there are replaced."""
+    admission = client.AdmissionregistrationV1Api(api)
+    for path in sorted(ADMISSION_DIR.glob("*.yaml")):
+        for body in yaml.safe_load_all(path.read_text()):
+            kind = body["kind"]
+            if kind == "Service":
+                continue
+            if kind == "MutatingWebhookConfiguration":
+                for webhook in body["webhooks"]:
+                    webhook["clientConfig"] = {"url": webhook_url}
+            calls: dict[str, tuple[Any, Any]] = {
+                "MutatingWebhookConfiguration": (
+                    admission.create_mutating_webhook_configuration,
+                    admission.replace_mutating_webhook_configuration,
+                ),
+                "ValidatingAdmissionPolicy": (
+                    admission.create_validating_admission_policy,
+                    admission.replace_validating_admission_policy,
+                ),
+                "ValidatingAdmissionPolicyBinding": (
+                    admission.create_validating_admission_policy_binding,
+                    admission.replace_validating_admission_policy_binding,
+                ),
+            }
+            create, replace = calls[kind]
+            try:
+                await create(body)
+            except client.ApiException as error:
+                if error.status != 409:
+                    raise
+                name = body["metadata"]["name"]
+                current = await _read(admission, kind, name)
+                body["metadata"]["resourceVersion"] = current
+                await replace(name, body)
+
+
+async def _read(admission: client.AdmissionregistrationV1Api, kind: str, name: str) -> str:
+    reads: dict[str, Any] = {
+        "MutatingWebhookConfiguration": admission.read_mutating_webhook_configuration,
+        "ValidatingAdmissionPolicy": admission.read_validating_admission_policy,
+        "ValidatingAdmissionPolicyBinding": admission.read_validating_admission_policy_binding,
+    }
+    found = await reads[kind](name)
+    return str(found.metadata.resource_version)

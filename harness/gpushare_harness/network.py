@@ -1,11 +1,19 @@
 """The network of a cluster with real nodes: one Linux bridge on the host that every real
-node's veth joins, in a private /24 the harness picks, and nothing else.
+node's veth joins, in a private /24 the harness picks, and one route per node.
 
 kube-apiserver listens on the bridge's own address (the first of the /24), each node's
 namespace gets the next ones; so the apiserver dials the kubelets and the kubelets reach the
 apiserver without the host forwarding anything (its ip_forward stays as it is) and without
-any traffic to or from the machine's own interface addresses. No route, no NAT, no iptables
-rule is added on the host. Removing the bridge removes the /24; the veths go with their
+any traffic to or from the machine's own interface addresses.
+
+Each node's pods get a /24 of their own from 10.214.0.0/16 (`add_pod_route`), free on the
+machine, and the host gets one route for it: `<pod /24> via <node's address> dev <bridge>`.
+That is all that is added on the host (no NAT, no iptables rule, no forwarding): it lets
+kube-apiserver open connections to pod IPs, as a real cluster's does (webhooks whose Service
+endpoints are pods, `pods/NAME:PORT/proxy`); the node's namespace forwards them to its pods.
+The route is the allocation too: `ip route add` fails for a /24 another run already holds.
+A node's route is deleted when it stops (`delete_pod_route`), and goes with the bridge in any
+case. Removing the bridge removes the /24 and the routes via it; the veths go with their
 nodes' namespaces.
 
 A bridge records its owner in its alias (`gpushare pid=<pid>`): the process whose life it
@@ -28,6 +36,8 @@ from gpushare_harness.controlplane import alive
 
 # Candidate subnets: 10.213.0.0/24 .. 10.213.255.0/24, skipping any in use on the machine.
 _POOL = ipaddress.IPv4Network("10.213.0.0/16")
+# The nodes' pod subnets, one /24 each, likewise.
+_POD_POOL = ipaddress.IPv4Network("10.214.0.0/16")
 _ALIAS = "gpushare pid="
 _FIRST_NODE_HOST = 10
 
@@ -95,6 +105,20 @@ class ClusterNetwork:
         with contextlib.suppress(NetworkError):
             ip("link", "del", self.bridge)
 
+    def add_pod_route(self, node_address: str) -> ipaddress.IPv4Network:
+        """A /24 free on the machine for the pods of the node at `node_address`, routed
+        there from the host (so kube-apiserver reaches its pods)."""
+        for _ in range(8):  # another run may take the /24 between looking and adding
+            subnet = _free_subnet(_POD_POOL, "a node's pods")
+            try:
+                ip("route", "add", str(subnet), "via", node_address, "dev", self.bridge)
+            except NetworkError as error:
+                if "File exists" in str(error):
+                    continue
+                raise
+            return subnet
+        raise NetworkError(f"no /24 of {_POD_POOL} could be routed to {node_address}")
+
     def to_json(self) -> dict[str, str]:
         return {"bridge": self.bridge, "subnet": str(self.subnet)}
 
@@ -103,16 +127,25 @@ class ClusterNetwork:
         return cls(data["bridge"], ipaddress.IPv4Network(data["subnet"]))
 
 
-def _free_subnet() -> ipaddress.IPv4Network:
+def delete_pod_route(subnet: str, node_address: str, bridge: str) -> None:
+    """Remove the route `add_pod_route` added (only that one: via and dev must match too);
+    nothing if it is gone already, as it is once the bridge is."""
+    with contextlib.suppress(NetworkError):
+        ip("route", "del", subnet, "via", node_address, "dev", bridge)
+
+
+def _free_subnet(
+    pool: ipaddress.IPv4Network = _POOL, what: str = "a cluster bridge"
+) -> ipaddress.IPv4Network:
     used = [
         ipaddress.ip_network(entry["dst"], strict=False)
         for entry in json.loads(ip("-j", "-4", "route", "show", "table", "all") or "[]")
         if entry.get("dst") not in (None, "default")
     ]
-    for candidate in _POOL.subnets(new_prefix=24):
+    for candidate in pool.subnets(new_prefix=24):
         if not any(candidate.overlaps(net) for net in used if net.prefixlen > 0):
             return candidate
-    raise NetworkError(f"no free /24 left in {_POOL} for a cluster bridge")
+    raise NetworkError(f"no free /24 left in {pool} for {what}")
 
 
 def sweep() -> list[str]:

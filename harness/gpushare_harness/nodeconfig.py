@@ -14,7 +14,6 @@ import yaml
 from gpushare_harness.controlplane import ControlPlane
 
 CNI_BIN = Path("/usr/lib/cni")
-POD_SUBNET = "10.88.0.0/16"  # inside each node's own namespace: nodes never see each other's
 
 
 def containerd_socket(directory: Path) -> Path:
@@ -65,10 +64,11 @@ def containerd_config(directory: Path, *, sandbox_image: str) -> str:
     )
 
 
-def cni_conflist(directory: Path) -> str:
-    """The pods' network: a bridge inside the node's namespace, addresses from POD_SUBNET,
-    the node as their gateway and masquerading them (so that they reach the control plane,
-    through kube-proxy's `kubernetes` Service, as pods do on any cluster). The node's
+def cni_conflist(directory: Path, *, pod_subnet: str) -> str:
+    """The pods' network: a bridge inside the node's namespace, addresses from the node's own
+    `pod_subnet` (which the host routes to the node: kube-apiserver reaches the pods), the
+    node as their gateway and masquerading what they open (so that they reach the control
+    plane, through kube-proxy's `kubernetes` Service, as pods do on any cluster). The node's
     namespace has no default route: nothing of a pod's leaves the cluster's bridge."""
     return json.dumps(
         {
@@ -82,7 +82,7 @@ def cni_conflist(directory: Path) -> str:
                     "ipMasq": True,
                     "ipam": {
                         "type": "host-local",
-                        "ranges": [[{"subnet": POD_SUBNET}]],
+                        "ranges": [[{"subnet": pod_subnet}]],
                         "dataDir": str(directory / "cni-ipam"),
                     },
                 },
@@ -149,7 +149,7 @@ def kubelet_config(
     return yaml.safe_dump(config, sort_keys=False)
 
 
-def kube_proxy_config(directory: Path, *, name: str, address: str) -> str:
+def kube_proxy_config(directory: Path, *, name: str, address: str, pod_subnet: str) -> str:
     """kube-proxy's config: iptables mode inside the node's namespace, leaving every kernel
     setting outside it alone (conntrack sizes and timeouts are the machine's)."""
     config: dict[str, Any] = {
@@ -161,7 +161,7 @@ def kube_proxy_config(directory: Path, *, name: str, address: str) -> str:
         "healthzBindAddress": "127.0.0.1:10256",
         "metricsBindAddress": "127.0.0.1:10249",
         "mode": "iptables",
-        "clusterCIDR": POD_SUBNET,
+        "clusterCIDR": pod_subnet,
         "iptables": {"localhostNodePorts": False},
         "conntrack": {
             "maxPerCore": 0,
@@ -181,11 +181,13 @@ def write_node_files(
     name: str,
     address: str,
     plane: ControlPlane,
+    pod_subnet: str,
     sandbox_image: str,
     kubelet_overrides: dict[str, Any],
 ) -> None:
     """Issue node `name`'s kubelet certificates (client: `system:node:<name>`; serving: its
-    InternalIP `address`), write its kubeconfig for `plane` and the files rendered above."""
+    InternalIP `address`), write its kubeconfig for `plane` and the files rendered above
+    (its pods' addresses from `pod_subnet`)."""
     assert plane.pki is not None
     pki = plane.pki
     client_cert, client_key = pki.issue(
@@ -208,7 +210,7 @@ def write_node_files(
     )
     files = {
         directory / "containerd.toml": containerd_config(directory, sandbox_image=sandbox_image),
-        directory / "cni" / "10-gpushare.conflist": cni_conflist(directory),
+        directory / "cni" / "10-gpushare.conflist": cni_conflist(directory, pod_subnet=pod_subnet),
         directory / "kubelet.yaml": kubelet_config(
             directory,
             address=address,
@@ -217,7 +219,9 @@ def write_node_files(
             ca_cert=pki.ca_cert,
             overrides=kubelet_overrides,
         ),
-        directory / "kube-proxy.yaml": kube_proxy_config(directory, name=name, address=address),
+        directory / "kube-proxy.yaml": kube_proxy_config(
+            directory, name=name, address=address, pod_subnet=pod_subnet
+        ),
     }
     for path, text in files.items():
         path.write_text(text)

@@ -3,9 +3,10 @@
 Each running node records the pids of its processes beside it (node.json) and a pointer to
 its folder in a registry (`record`). `cleanup` kills kube-proxy, the kubelet, the containers'
 processes, containerd, its shims (found by the node's own socket path) and the holder, each by
-pid and only while the pid is still ours, then removes the containers' cgroups and the node's
-folder. The namespaces, their mounts, veth, pod bridge and iptables rules vanish with the
-holder. `sweep` cleans up every recorded node whose holder is gone.
+pid and only while the pid is still ours, then removes the containers' cgroups, the host's
+route to the node's pod subnet (`gpushare_harness.network`; it also goes with the cluster's
+bridge) and the node's folder. The namespaces, their mounts, veth, pod bridge and iptables
+rules vanish with the holder. `sweep` cleans up every recorded node whose holder is gone.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from gpushare_harness.binaries import cache_dir
 from gpushare_harness.controlplane import alive
+from gpushare_harness.network import delete_pod_route
 from gpushare_harness.nodeconfig import containerd_socket, containerd_state
 
 CGROUPS = Path("/sys/fs/cgroup")
@@ -37,10 +39,20 @@ def registry() -> Path:
     return cache_dir() / "real-nodes"
 
 
-def record(name: str, directory: Path, *, holder: int, pids: dict[str, int]) -> None:
+def record(
+    name: str,
+    directory: Path,
+    *,
+    holder: int,
+    pids: dict[str, int],
+    pod_route: dict[str, str] | None = None,
+) -> None:
     """The pids and paths `cleanup` needs, beside the node and in the registry (an entry
-    named after the folder and the `holder`'s pid)."""
-    state = {"name": name, "directory": str(directory), "pids": pids}
+    named after the folder and the `holder`'s pid); `pod_route`: the host's route to the
+    node's pods (`subnet`, `via`, `dev`), once added."""
+    state: dict[str, object] = {"name": name, "directory": str(directory), "pids": pids}
+    if pod_route is not None:
+        state["pod_route"] = pod_route
     (directory / "node.json").write_text(json.dumps(state, indent=2))
     registry().mkdir(parents=True, exist_ok=True)
     (registry() / f"{directory.name}-{holder}.json").write_text(json.dumps(state))
@@ -61,11 +73,11 @@ def sweep() -> list[str]:
 
 def cleanup(directory: Path) -> None:
     """Stop everything of the node in `directory` (running or left by a crash) and remove
-    its containers' cgroups and its folder."""
+    its containers' cgroups, the host's route to its pods and its folder."""
     state_file = directory / "node.json"
-    pids: dict[str, int] = (
-        json.loads(state_file.read_text())["pids"] if state_file.is_file() else {}
-    )
+    state = json.loads(state_file.read_text()) if state_file.is_file() else {}
+    pids: dict[str, int] = state.get("pids", {})
+    route: dict[str, str] | None = state.get("pod_route")
     _end(pids.get(KUBE_PROXY), str(directory))
     _end(pids.get(KUBELET), str(directory))
     bundles = containerd_state(directory) / "io.containerd.runtime.v2.task" / "k8s.io"
@@ -78,6 +90,8 @@ def cleanup(directory: Path) -> None:
     for pid in _pids_with(socket):  # the shims, started with the node's own socket path
         _end(pid, socket)
     _end(pids.get(HOLDER), HOLDER_MARK)
+    if route is not None:
+        delete_pod_route(route["subnet"], route["via"], route["dev"])
     for container in ids:
         for controller in CGROUPS.iterdir() if CGROUPS.is_dir() else []:
             with contextlib.suppress(OSError):

@@ -17,6 +17,11 @@ from gpushare_harness.controlplane import free_port
 from gpushare_harness.process import LoggedProcess
 
 
+def webhook_url(port: int) -> str:
+    """Where the apiserver calls the webhook of operators started with `webhook_port=port`."""
+    return f"https://127.0.0.1:{port}/gpu-pods"
+
+
 class OperatorProcess(LoggedProcess):
     name = "operator"
 
@@ -29,8 +34,12 @@ class OperatorProcess(LoggedProcess):
         env: dict[str, str] | None = None,
         profile: Path | None = None,
         detached: bool = False,
+        webhook_port: int = 0,
     ) -> None:
-        """`profile`: write a cProfile of the operator's main thread there (benchmarks)."""
+        """`profile`: write a cProfile of the operator's main thread there (benchmarks).
+        `webhook_port`: serve the admission webhook on 127.0.0.1 at that port (every
+        operator of one cluster the same: SO_REUSEPORT shares it, as a Service would); 0, none
+        (pods are then not converted: install no admission objects)."""
         super().__init__(log, detached=detached)
         self.kubeconfig = kubeconfig
         self.python_args = ["-m", "cProfile", "-o", str(profile)] if profile else []
@@ -42,6 +51,9 @@ class OperatorProcess(LoggedProcess):
             "GPUSHARE_RENEW_DEADLINE": "3",
             "GPUSHARE_RETRY_PERIOD": "0.5",
             "GPUSHARE_STATUS_INTERVAL": "0.5",
+            "GPUSHARE_WEBHOOK_PORT": str(webhook_port),
+            "GPUSHARE_WEBHOOK_ADDRESS": "127.0.0.1",
+            "GPUSHARE_WEBHOOK_HOSTS": "127.0.0.1",
             **(env or {}),
         }
 

@@ -7,10 +7,13 @@ How one node is laid out (`directory` holds all of its state):
   (so the kubelet never rewrites the machine's), binds the node's own folders over
   /var/lib/kubelet (whose device-plugins folder is fixed), /run and /var/log, an empty
   resolv.conf over /etc/resolv.conf (nothing in the node asks the machine's resolver), and a
-  sysfs of its own network namespace over /sys/class/net.
+  sysfs of its own network namespace over /sys/class/net. The namespace forwards (its own
+  ip_forward; the machine's stays as it is).
 - A veth pair joins the namespace to the cluster's bridge (`gpushare_harness.network`); the
-  node's end gets its InternalIP. The namespace has no default route: pods reach only each
-  other, the node and the control plane.
+  node's end gets its InternalIP. The node's pods get a /24 of their own (`pod_subnet`),
+  which the host routes via that InternalIP, so kube-apiserver reaches them (webhooks,
+  `pods/NAME:PORT/proxy`). The namespace has no default route: pods reach only the pods of
+  their node, the node and the control plane.
 - containerd, the kubelet and kube-proxy run inside both namespaces (`nsenter`), with the
   node's own containerd socket, root and state; pods are bridge-networked by CNI, with the
   node as their gateway (masqueraded, inside the node's namespace only), and reach Services,
@@ -83,6 +86,7 @@ mount --bind "$dir/resolv.conf" /etc/resolv.conf
 mount -t sysfs sysfs "$dir/sysfs"
 mount --bind "$dir/sysfs/class/net" /sys/class/net
 ip link set lo up
+echo 1 > /proc/sys/net/ipv4/ip_forward  # this namespace's: kube-apiserver -> the pods
 touch "$dir/holder.ready"
 exec {HOLDER_MARK}
 """
@@ -127,6 +131,7 @@ class RealNode:
     ) -> None:
         self.name = name
         self.address = network.node_address(index)
+        self.pod_subnet: str | None = None  # the node's pods' /24, routed to it once started
         self.plane = plane
         self.network = network
         self.directory = directory
@@ -176,6 +181,7 @@ class RealNode:
             self._start_holder()
             self._record()
             self._join_network()
+            self._route_pods()
             self._write_configs()
             self._start_containerd()
             self._import_images()
@@ -331,11 +337,19 @@ class RealNode:
         ):  # fmt: skip
             ip(*args, netns_pid=netns)
 
+    def _route_pods(self) -> None:
+        """A /24 of its own for the node's pods, routed to it from the host (and recorded
+        for `cleanup`, which deletes the route)."""
+        self.pod_subnet = str(self.network.add_pod_route(self.address))
+        self._record()
+
     def _write_configs(self) -> None:
+        assert self.pod_subnet is not None
         write_node_files(
             self.directory,
             name=self.name,
             address=self.address,
+            pod_subnet=self.pod_subnet,
             plane=self.plane,
             sandbox_image=node_images(self.binaries)[0].name,
             kubelet_overrides=self.kubelet_config,
@@ -400,7 +414,10 @@ class RealNode:
             for proc in (self._holder, self._containerd, self.kubelet, self._kube_proxy)
             if proc.running
         }
-        record(self.name, self.directory, holder=self._holder.pid, pids=pids)
+        route = None
+        if self.pod_subnet is not None:
+            route = {"subnet": self.pod_subnet, "via": self.address, "dev": self.network.bridge}
+        record(self.name, self.directory, holder=self._holder.pid, pids=pids, pod_route=route)
 
 
 class RealCluster:

@@ -20,6 +20,8 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 
 from gpushare import options
 from gpushare.model import Policy, contract
+from gpushare.model.admission import AdmissionSettings, LimitsIn
+from gpushare.model.devices import MAX_UNIT_MIB
 from gpushare.options import Option
 
 
@@ -51,6 +53,22 @@ class OperatorConfig:
     metrics_port: int = 9090
     status_interval_s: float = 2.0
     log_level: str = "info"
+    memory_unit_mib: int = contract.DEFAULT_MEMORY_UNIT_MIB
+    pod_memory_limits: LimitsIn = LimitsIn.MIB
+    set_scheduler_name: bool = False
+    webhook_port: int = 9443
+    webhook_address: str = "0.0.0.0"  # noqa: S104 - the Service reaches every replica
+    webhook_hosts: frozenset[str] = frozenset({"gpushare-webhook.gpushare-system.svc"})
+    webhook_secret: str = "gpushare-webhook-tls"  # noqa: S105 - a Secret's name
+    webhook_configuration: str = "gpushare"
+
+    def admission(self) -> AdmissionSettings:
+        return AdmissionSettings(
+            unit_mib=self.memory_unit_mib,
+            limits_in=self.pod_memory_limits,
+            scheduler_names=self.scheduler_names,
+            set_scheduler_name=self.set_scheduler_name,
+        )
 
 
 def _policy(raw: str) -> Policy:
@@ -75,6 +93,30 @@ def _count(raw: str) -> int:
     return options.bounded(
         raw, int, low=1, high=10000, must="must be a whole number from 1 to 10000"
     )
+
+
+def _limits_in(raw: str) -> LimitsIn:
+    try:
+        return LimitsIn(raw)
+    except ValueError:
+        raise ValueError(" or ".join(LimitsIn)) from None
+
+
+def _unit(raw: str) -> int:
+    return options.bounded(
+        raw,
+        int,
+        low=1,
+        high=MAX_UNIT_MIB,
+        must=f"must be a whole number of MiB from 1 to {MAX_UNIT_MIB}",
+    )
+
+
+def _hosts(raw: str) -> frozenset[str]:
+    hosts = frozenset(part.strip() for part in raw.split(",") if part.strip())
+    if not hosts:
+        raise ValueError("must name at least one host")
+    return hosts
 
 
 def _boolean(raw: str) -> bool:
@@ -225,6 +267,70 @@ OPTIONS = (
         flag="--log-level",
         parse=options.log_level,
         help="debug | info | warning | error",
+    ),
+    Option(
+        field="memory_unit_mib",
+        env="GPUSHARE_MEMORY_UNIT_MIB",
+        flag="--memory-unit-mib",
+        live="memoryUnitMiB",
+        parse=_unit,
+        help="MiB per gpu-memory device, the device plugins' GPU_MEMORY_FACTOR: the admission "
+        "webhook converts new pods' limits to it",
+    ),
+    Option(
+        field="pod_memory_limits",
+        env="GPUSHARE_POD_MEMORY_LIMITS",
+        flag="--pod-memory-limits",
+        live="podMemoryLimits",
+        parse=_limits_in,
+        help="what pods' gpu-memory limits count: MiB (converted at creation) | Units (left "
+        "as written, as with Volcano's --gpu-memory-factor)",
+    ),
+    Option(
+        field="set_scheduler_name",
+        env="GPUSHARE_SET_SCHEDULER_NAME",
+        flag="--set-scheduler-name",
+        live="setSchedulerName",
+        parse=_boolean,
+        help="true | false: give GPU pods that name kube-scheduler the first served name "
+        "(else they are refused at creation)",
+    ),
+    Option(
+        field="webhook_port",
+        env="GPUSHARE_WEBHOOK_PORT",
+        flag="--webhook-port",
+        parse=options.port,
+        help="HTTPS port of the admission webhook, 0 to disable",
+    ),
+    Option(
+        field="webhook_address",
+        env="GPUSHARE_WEBHOOK_ADDRESS",
+        flag="--webhook-address",
+        parse=_text,
+        help="address the admission webhook listens on",
+    ),
+    Option(
+        field="webhook_hosts",
+        env="GPUSHARE_WEBHOOK_HOSTS",
+        flag="--webhook-hosts",
+        parse=_hosts,
+        help="comma list of the names (DNS or IP) the apiserver calls the webhook by: its "
+        "serving certificate's names",
+    ),
+    Option(
+        field="webhook_secret",
+        env="GPUSHARE_WEBHOOK_SECRET",
+        flag="--webhook-secret",
+        parse=_text,
+        help="Secret in the Lease's namespace holding the webhook's CA and certificate (made "
+        "by the first replica, shared by all)",
+    ),
+    Option(
+        field="webhook_configuration",
+        env="GPUSHARE_WEBHOOK_CONFIGURATION",
+        flag="--webhook-configuration",
+        parse=_text,
+        help="MutatingWebhookConfiguration whose caBundle the operator keeps current",
     ),
 )
 

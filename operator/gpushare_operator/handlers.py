@@ -1,5 +1,8 @@
-"""kopf adapters only: the operator's life cycle, its liveness probe and its live
-configuration (GPUShareConfig, watched with `@kopf.on.event`, so kopf writes nothing to it).
+"""kopf adapters only: the operator's life cycle, its liveness probe, its live
+configuration (GPUShareConfig, watched with `@kopf.on.event`, so kopf writes nothing to it)
+and the admission webhook for GPU pods (`@kopf.on.mutate`, served by every replica; its
+configuration is the project's manifest, not kopf's, so that `matchConditions` keep every
+other pod off it).
 
 Pods, nodes and GPUNodes are not watched through kopf: the Runtime's own reflectors list
 them in pages and watch them (gpushare.kube.reflector), and keep slim copies. kopf's watch
@@ -12,19 +15,28 @@ Run it with `kopf run --standalone -A -m gpushare_operator.handlers` or `gpushar
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import kopf
 
 from gpushare import kube, logs
-from gpushare.model import contract
+from gpushare.model import GpuShareError, contract
+from gpushare.model.admission import NOTHING
 from gpushare.model.bodies import mapping
 from gpushare_operator.config import from_env
 from gpushare_operator.kubeapi import KubeSchedulerApi
 from gpushare_operator.runtime import Runtime
+from gpushare_operator.webhook import (
+    admit_pod,
+    keep_ca_bundle,
+    shared_certificate,
+    write_serving_files,
+)
 
 _RUNTIME = "gpushare"
 _SYNC_TIMEOUT_S = 300.0
@@ -52,7 +64,42 @@ async def startup(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> No
     state.metrics.serve(config.metrics_port)
     memo[_RUNTIME] = state
     memo["gpushare_api_client"] = api_client
+    settings.admission.managed = None
+    if config.webhook_port:
+        files = write_serving_files(await shared_certificate(api, config))
+        settings.admission.server = kopf.WebhookServer(
+            addr=config.webhook_address,
+            port=config.webhook_port,
+            certfile=str(files.certfile),
+            pkeyfile=str(files.keyfile),
+        )
+        state.spawn(keep_ca_bundle(api, state.current_config, files.ca_pem), "webhook caBundle")
+    else:
+        settings.admission.server = NoWebhook()
     state.start()
+
+
+class NoWebhook:
+    """The webhook server when `--webhook-port=0`: serves nothing, and says so."""
+
+    async def __call__(self, fn: object) -> AsyncIterator[kopf.WebhookClientConfig]:
+        logs.get("webhook").warning(
+            "webhook_disabled", consequence="gpu-memory pods are refused at creation"
+        )
+        await asyncio.Event().wait()
+        yield kopf.WebhookClientConfig()  # never reached: the wait above never ends
+
+
+@kopf.on.mutate("pods", id="gpu-pods", operation="CREATE")
+async def gpu_pod_admission(*, body: kopf.Body, patch: kopf.Patch, memo: Any, **_: Any) -> None:
+    """Converts a GPU pod's gpu-memory limits to the cluster's unit, or refuses a pod that
+    could never run, with the fix (the apiserver shows the message to whoever created it)."""
+    try:
+        admitted = admit_pod(dict(body), runtime(memo).config)
+    except GpuShareError as error:
+        raise kopf.AdmissionError(str(error), code=422) from None
+    if admitted != NOTHING:
+        patch.fns.append(admitted.apply)  # type: ignore[arg-type]  # RawBody is a dict
 
 
 @kopf.on.cleanup()

@@ -1,7 +1,8 @@
 """Every Kubernetes API call the operator makes, behind the `SchedulerApi` protocol.
 
 Writes go to: pods/binding (the bind, with the GPU annotations), pods/status (PodScheduled),
-events (Scheduled, FailedScheduling), gpunodes/status, gpushareconfigs/status and Leases.
+events (Scheduled, FailedScheduling), gpunodes/status, gpushareconfigs/status, Leases, the
+admission webhook's Secret (created once) and its MutatingWebhookConfiguration's caBundle.
 Reads of pods, nodes and GPUNodes: each resource's list call, for the Reflector that lists and
 watches it (gpushare.kube.reflector); single pods are read back after a refused bind.
 """
@@ -57,6 +58,7 @@ class KubeSchedulerApi:
         self._core = client.CoreV1Api(api)
         self._objects = client.CustomObjectsApi(api)
         self._leases = client.CoordinationV1Api(api)
+        self._admission = client.AdmissionregistrationV1Api(api)
         self._identity = identity
         self._timeout = timeout_s
 
@@ -209,3 +211,80 @@ class KubeSchedulerApi:
                     _request_timeout=self._timeout,
                 )
             )
+
+    # -- the admission webhook's certificate ------------------------------------------------
+
+    async def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await raw_json(
+                self._core.read_namespaced_secret(
+                    name, namespace, _preload_content=False, _request_timeout=self._timeout
+                )
+            )
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+
+    async def create_secret(self, namespace: str, body: Mapping[str, Any]) -> None:
+        """ApiError 409 when another replica made it first."""
+        await raw_json(
+            self._core.create_namespaced_secret(
+                namespace,
+                cast(client.V1Secret, dict(body)),
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
+        )
+
+    async def delete_secret(self, namespace: str, name: str, uid: str | None) -> None:
+        """Delete the Secret if it is still the one with `uid`; gone already is fine."""
+        options = {"preconditions": {"uid": uid}} if uid else {}
+        try:
+            await raw_json(
+                self._core.delete_namespaced_secret(
+                    name,
+                    namespace,
+                    body=cast(client.V1DeleteOptions, options),
+                    _preload_content=False,
+                    _request_timeout=self._timeout,
+                )
+            )
+        except ApiError as error:
+            if error.status not in (404, 409):
+                raise
+
+    async def read_webhook_configuration(self, name: str) -> dict[str, Any] | None:
+        try:
+            return await raw_json(
+                self._admission.read_mutating_webhook_configuration(
+                    name, _preload_content=False, _request_timeout=self._timeout
+                )
+            )
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+
+    async def set_ca_bundle(self, name: str, webhook_names: list[str], ca_bundle: str) -> None:
+        """Each webhook's clientConfig.caBundle, by position, each position tested for its
+        name so that a configuration changed since it was read is refused (422), not garbled."""
+        patch: list[dict[str, Any]] = []
+        for position, webhook in enumerate(webhook_names):
+            patch.append({"op": "test", "path": f"/webhooks/{position}/name", "value": webhook})
+            patch.append(
+                {
+                    "op": "add",
+                    "path": f"/webhooks/{position}/clientConfig/caBundle",
+                    "value": ca_bundle,
+                }
+            )
+        await raw_json(
+            self._admission.patch_mutating_webhook_configuration(
+                name,
+                patch,
+                _content_type="application/json-patch+json",  # type: ignore[call-arg]
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
+        )

@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import gc
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 from gpushare import logs
@@ -120,6 +121,10 @@ class Runtime:
             self._tasks.append(asyncio.create_task(self.elector.run(), name="elector"))
         else:
             self._start_leading()
+
+    def spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run `work` until the operator stops."""
+        self._tasks.append(asyncio.create_task(work, name=name))
 
     async def stop(self) -> None:
         for task in self._tasks:

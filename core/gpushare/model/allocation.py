@@ -18,13 +18,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from gpushare.model import contract
+from gpushare.model.admission import MemoryAsked, memory_asked
 from gpushare.model.annotations import (
     format_card_indices,
     gpu_assigned,
     parse_card_indices,
     predicate_time_ns,
 )
-from gpushare.model.bodies import Body, annotations_of, path, text
+from gpushare.model.bodies import Body, annotations_of, describe, path, text
 from gpushare.model.devices import card_of_memory_device
 from gpushare.model.errors import GpuShareError
 from gpushare.model.inventory import Card, NodeInventory
@@ -70,6 +71,8 @@ class BoundPod:
     """Bound by a scheduler's Binding (the apiserver then sets PodScheduled=True), not created
     on the node directly with spec.nodeName, which no scheduler ever saw."""
     problem: str | None = None
+    asked: MemoryAsked | None = None
+    """What the admission webhook recorded: the unit and each container's MiB."""
 
     @property
     def waiting(self) -> bool:
@@ -88,8 +91,10 @@ def bound_pod(pod: Body) -> BoundPod:
     annotations = annotations_of(pod)
     request: PodRequest | None
     problem = None
+    asked = None
     try:
         request = gpu_request(pod)
+        asked = memory_asked(annotations, owner=describe(pod, "pod"))
     except GpuShareError as error:
         request, problem = None, str(error)
     return BoundPod(
@@ -107,6 +112,7 @@ def bound_pod(pod: Body) -> BoundPod:
             for c in path(pod, "status").get("conditions") or []
         ),
         problem=problem,
+        asked=asked,
     )
 
 
@@ -178,6 +184,7 @@ def match_container(
             continue
         cards = _cards_of(pod, kind, pod.request, inventory)
         chosen = _container_cards(order, position, cards) if kind is GpuKind.NUMBER else cards
+        allocated_mib = _allocated_mib(pod, container, inventory) if kind is GpuKind.MEMORY else 0
         return ContainerGrant(
             pod=pod.ref,
             resource_version=pod.resource_version,
@@ -185,7 +192,7 @@ def match_container(
             position=position,
             last=position + 1 == len(order),
             cards=chosen,
-            env=container_env(kind, container.amount, chosen, inventory.unit_mib, visible),
+            env=container_env(kind, allocated_mib, chosen, visible),
         )
     raise NoCandidate(
         _no_candidate_message(
@@ -213,6 +220,26 @@ def _cards_of(
     return tuple(card for index in indices if (card := inventory.card(index)) is not None)
 
 
+def _allocated_mib(pod: BoundPod, container: ContainerRequest, inventory: NodeInventory) -> int:
+    """The MiB a gpu-memory container asked: as recorded at admission, else (a pod created
+    before the webhook) its limit in the node's unit. A pod converted to another unit than
+    the node's is refused: the kubelet's devices would give it other memory than it asked."""
+    if pod.asked is None:
+        return container.amount * inventory.unit_mib
+    if pod.asked.unit_mib != inventory.unit_mib:
+        raise NoCandidate(
+            f"refusing pod {pod.ref}: its limits are in {pod.asked.unit_mib} MiB units, node "
+            f"{inventory.node} runs {inventory.unit_mib} MiB per device"
+        )
+    mib = pod.asked.mib.get(container.name)
+    if mib is None:
+        raise NoCandidate(
+            f"refusing pod {pod.ref}: annotation {contract.GPU_MEMORY_MIB} does not name "
+            f"container {container.name}; delete the pod and create it again"
+        )
+    return mib
+
+
 def _container_cards(
     order: Sequence[ContainerRequest], position: int, cards: tuple[Card, ...]
 ) -> tuple[Card, ...]:
@@ -237,22 +264,21 @@ def _container_cards(
 
 def container_env(
     kind: GpuKind,
-    amount: int,
+    allocated_mib: int,
     cards: Sequence[Card],
-    unit_mib: int,
     visible: VisibleDevices = VisibleDevices.INDEX,
 ) -> dict[str, str]:
     """The three variables Volcano's guide documents, for this container and its cards.
 
-    A gpu-memory container is allocated its own limit in MiB on its one card; a gpu-number
-    container is allocated its cards whole, so both variables carry their total MiB.
+    A gpu-memory container is allocated the MiB it asked (`allocated_mib`) on its one card; a
+    gpu-number container is allocated its cards whole, so both variables carry their total MiB.
     """
     if visible is VisibleDevices.UUID:
         names = ",".join(card.uuid or str(card.index) for card in cards)
     else:
         names = format_card_indices(card.index for card in cards)
     total = sum(card.total_mib for card in cards)
-    allocated = amount * unit_mib if kind is GpuKind.MEMORY else total
+    allocated = allocated_mib if kind is GpuKind.MEMORY else total
     return {
         contract.ENV_VISIBLE_DEVICES: names,
         contract.ENV_GPU_ALLOCATED: str(allocated),

@@ -60,6 +60,7 @@ def resource_version(body: Body) -> int | None:
 def describe(body: Body, kind: str) -> str:
     """How messages name an object: ``pod default/gpu-pod1``, ``node gpu-node-1``."""
     meta = path(body, "metadata")
-    name = text(meta.get("name")) or "<unnamed>"
+    generated = text(meta.get("generateName"))
+    name = text(meta.get("name")) or (f"{generated}<generated>" if generated else "<unnamed>")
     namespace = text(meta.get("namespace"))
     return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"

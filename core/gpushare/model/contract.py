@@ -33,6 +33,16 @@ ENV_GPU_MEMORY_TOTAL: Final = "VOLCANO_GPU_MEMORY_TOTAL"
 
 DEFAULT_SCHEDULER_NAME: Final = "volcano"
 
+# The memory unit: MiB per volcano.sh/gpu-memory device. Users write MiB; the admission
+# webhook turns a pod's limits into whole units at creation and keeps what was asked here.
+DEFAULT_MEMORY_UNIT_MIB: Final = 512
+"""Coarse enough that a pod's device ids (the kubelet writes each into its status) stay few,
+fine enough that rounding a card down to whole units loses under 5% of an 11 GiB card."""
+MEMORY_UNIT_MIB: Final = "gpushare.io/memory-unit-mib"
+"""Pod annotation: the MiB per device its gpu-memory limits were converted to, ``"512"``."""
+GPU_MEMORY_MIB: Final = "gpushare.io/gpu-memory-mib"
+"""Pod annotation: the MiB each container asked, ``"cuda-container=1024,sidecar=512"``."""
+
 # Our inventory custom resource: cluster-scoped, one per GPU node, named after the node.
 # Its spec is written by the device plugin, its status by the operator.
 INVENTORY_GROUP: Final = "gpushare.io"

@@ -59,6 +59,26 @@ class Placement:
         )
 
 
+def unit_check(ledger: Ledger, unit_mib: int | None, check: NodeCheck | None) -> NodeCheck:
+    """`check`, and for a pod whose gpu-memory limits were converted to `unit_mib` MiB per
+    device, that the node's device plugin runs that unit (its kubelet hands out devices of
+    the node's unit, so any other would give the pod the wrong memory)."""
+    nodes = ledger.nodes()
+
+    def checked(node: NodeName) -> str | None:
+        usage = nodes.get(node) if unit_mib is not None else None
+        if usage is not None and usage.inventory.unit_mib != unit_mib:
+            return (
+                f"node runs {usage.inventory.unit_mib} MiB per {GpuKind.MEMORY.value} device, "
+                f"the pod's limits are in {unit_mib} MiB units (GPUShareConfig "
+                f"spec.memoryUnitMiB): drain the node's GPU pods and run its device plugin "
+                f"with GPU_MEMORY_FACTOR={unit_mib}"
+            )
+        return None if check is None else check(node)
+
+    return checked
+
+
 class _Checker:
     """A NodeCheck asked at most once per node within one decision, and the CardCheck."""
 
@@ -91,9 +111,11 @@ def place(
     *,
     node_check: NodeCheck | None = None,
     card_check: CardCheck | None = None,
+    unit_mib: int | None = None,
 ) -> Placement | Diagnosis:
-    """Where `request` goes under `policy`, or a Diagnosis of every node and card if nowhere."""
-    checker = _Checker(node_check, card_check)
+    """Where `request` goes under `policy`, or a Diagnosis of every node and card if nowhere.
+    `unit_mib`: the unit a gpu-memory pod's limits were converted to (`unit_check`)."""
+    checker = _Checker(unit_check(ledger, unit_mib, node_check), card_check)
     found = _find(ledger, request, policy, checker)
     if found is not None:
         return found
@@ -107,10 +129,12 @@ def find_placement(
     *,
     node_check: NodeCheck | None = None,
     card_check: CardCheck | None = None,
+    unit_mib: int | None = None,
 ) -> Placement | None:
     """`place` without the diagnosis: None when nothing fits (a cheap answer to "would it
     fit?", since a diagnosis visits every card of the cluster)."""
-    return _find(ledger, request, policy, _Checker(node_check, card_check))
+    checker = _Checker(unit_check(ledger, unit_mib, node_check), card_check)
+    return _find(ledger, request, policy, checker)
 
 
 def _find(

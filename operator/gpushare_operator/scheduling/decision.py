@@ -21,7 +21,7 @@ from gpushare.model import (
     find_placement,
 )
 from gpushare.model.filters import PodNeeds, choose_node
-from gpushare.model.placement import Policy
+from gpushare.model.placement import Policy, unit_check
 from gpushare.model.usage import PodUid
 from gpushare_operator.scheduling.cache import SchedulerCache
 from gpushare_operator.scheduling.exactness import ExactnessCheck
@@ -52,14 +52,14 @@ def plan(cache: SchedulerCache, pod: PodInfo, policy: Policy) -> Plan | Refusal:
         return Refusal(f"pod {pod.ref} is already bound to node {pod.node}")
     if isinstance(pod.demand, str):
         return Refusal(pod.demand)
-    request, needs = pod.demand.request, pod.demand.needs
+    request, needs, unit_mib = pod.demand.request, pod.demand.needs, pod.demand.unit_mib
     if request.kind is None:
         chosen = choose_node(cache.facts(), cache.requested, needs)
         if isinstance(chosen, Diagnosis):
             return Refusal(chosen.summary())
         return Plan(node=chosen, placement=None, request=request, needs=needs)
     exactness = cache.card_check(request)
-    node_check = cache.node_check(needs)
+    node_check = unit_check(cache.ledger, unit_mib, cache.node_check(needs))
     result = find_placement(
         cache.ledger, request, policy, node_check=node_check, card_check=exactness
     )

@@ -14,7 +14,16 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from gpushare.kube.clock import parse_time
-from gpushare.model import GpuShareError, NodeName, PodRef, PodRequest, contract, gpu_request
+from gpushare.model import (
+    GpuKind,
+    GpuShareError,
+    NodeName,
+    PodRef,
+    PodRequest,
+    contract,
+    gpu_request,
+)
+from gpushare.model.admission import memory_asked
 from gpushare.model.annotations import gpu_assigned, predicate_time_s
 from gpushare.model.bodies import Body, annotations_of, resource_version, text
 from gpushare.model.filters import PodNeeds, pod_needs, unsupported
@@ -28,6 +37,9 @@ class Demand:
 
     request: PodRequest
     needs: PodNeeds
+    unit_mib: int | None = None
+    """The MiB per device a gpu-memory pod's limits were converted to at admission; None
+    for a pod created before the webhook (read in the unit of whichever node it lands on)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,7 +100,12 @@ class PodInfo:
         if self.node is not None:
             return None
         try:
-            demand = Demand(gpu_request(self.body), pod_needs(self.body))
+            request = gpu_request(self.body)
+            asked = None
+            if request.kind is GpuKind.MEMORY:
+                asked = memory_asked(annotations_of(self.body), owner=f"pod {self.ref}")
+            unit_mib = None if asked is None else asked.unit_mib
+            demand = Demand(request, pod_needs(self.body), unit_mib)
         except GpuShareError as error:
             return str(error)
         return unsupported(self.body) or demand

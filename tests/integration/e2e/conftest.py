@@ -85,10 +85,15 @@ async def gpu_node(
         plugin_env: dict[str, str] | None = None,
         wait_registered: bool = True,
         kubeconfig: Path | None = None,
+        unit_mib: int | None = 1,
     ) -> GpuNode:
         """Node `name` with fake `cards` (e.g. "8x11178"), its kubelet and its plugin; waits
         until the plugin has registered both resources. `kubeconfig`: the plugin's own
-        (default the admin's)."""
+        (default the admin's). `unit_mib`: the plugin's GPU_MEMORY_FACTOR; Volcano's 1 MiB by
+        default, so that these tests, which install no admission webhook, write limits in
+        units as Volcano's users do; None: the plugin's own default (the cluster unit)."""
+        if unit_mib is not None:
+            plugin_env = {"GPU_MEMORY_FACTOR": str(unit_mib), **(plugin_env or {})}
         await create_gpu_node(core, FakeGpuNode(name=name, gpu_memory=0, gpu_number=0))
         # Short: a unix socket path has at most 107 bytes, and pytest's tmp_path is long.
         plugin_dir = Path(tempfile.mkdtemp(prefix=f"dp-{name[:20]}-"))

@@ -74,6 +74,8 @@ def test_a_live_spec_applies_over_the_start_up_configuration() -> None:
         ({"policy": "worstfit"}, "spec.policy='worstfit'"),
         ({"bindTimeoutSeconds": 0}, "spec.bindTimeoutSeconds='0'"),
         ({"leaderElect": False}, "unknown field(s) leaderElect"),
+        ({"memoryUnitMiB": 0}, "spec.memoryUnitMiB='0'"),
+        ({"podMemoryLimits": "GiB"}, "MiB or Units"),
         (
             {"backoffInitialSeconds": 20, "backoffMaxSeconds": 5},
             "backoff initial must not exceed backoff max",
@@ -98,6 +100,9 @@ def test_one_option_per_field_each_with_its_own_variable_and_flag() -> None:
         "backoffInitialSeconds",
         "backoffMaxSeconds",
         "unschedulableRetrySeconds",
+        "memoryUnitMiB",
+        "podMemoryLimits",
+        "setSchedulerName",
     }
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from gpushare.model import contract
 from gpushare.model.allocation import VisibleDevices
 from gpushare_plugin.config import DEFAULT_SOCKET_DIR, ConfigError, load, parser
 
@@ -14,7 +15,7 @@ def test_defaults_need_only_the_node_name() -> None:
     config = load([], {"NODE_NAME": "gpu-node-1"})
     assert config.node_name == "gpu-node-1"
     assert config.socket_dir == DEFAULT_SOCKET_DIR
-    assert config.gpu_memory_factor == 1
+    assert config.gpu_memory_factor == contract.DEFAULT_MEMORY_UNIT_MIB
     assert config.visible_devices is VisibleDevices.INDEX
     assert config.kubeconfig is None
     assert config.metrics_port == 9402
@@ -60,7 +61,7 @@ def test_the_kubeconfig_comes_from_its_variable() -> None:
 
 def test_the_help_names_each_variable_and_default() -> None:
     shown = " ".join(parser().format_help().split())
-    assert "($GPU_MEMORY_FACTOR; default 1)" in shown
+    assert "($GPU_MEMORY_FACTOR; default 512)" in shown
     assert "($GPUSHARE_SOCKET_DIR; default /var/lib/kubelet/device-plugins)" in shown
     assert "($NODE_NAME)" in shown
 

@@ -89,7 +89,7 @@ def test_a_values_file_of_the_wrong_type_is_refused_naming_the_field(
     for wrong, field in (
         ({"operator": {"replicas": "two"}}, "/operator/replicas"),
         ({"policy": "worstfit"}, "/policy"),
-        ({"devicePlugin": {"memoryUnit": "1Gi"}}, "/devicePlugin/memoryUnit"),
+        ({"memoryUnitMiB": "1Gi"}, "/memoryUnitMiB"),
         ({"schedulerNames": "volcano"}, "/schedulerNames"),
     ):
         values.write_text(yaml.safe_dump(wrong))

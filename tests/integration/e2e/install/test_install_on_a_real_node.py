@@ -106,7 +106,7 @@ def test_the_operator_runs_two_replicas_one_leading_and_the_plugin_serves_the_no
     assert [pod["spec"]["nodeName"] for pod in plugin] == [NODE]
     deadline = time.monotonic() + 60
     while installed.get("node", NODE)["status"]["capacity"].get(contract.GPU_MEMORY) != str(
-        8 * GUIDE_CARD_MIB
+        8 * (GUIDE_CARD_MIB // contract.DEFAULT_MEMORY_UNIT_MIB)
     ):
         assert time.monotonic() < deadline, "the plugin's devices never reached the node"
         time.sleep(1)

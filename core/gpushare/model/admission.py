@@ -1,0 +1,182 @@
+"""What the admission webhook does to a GPU pod at creation, and the one reader of what it
+records: pure, no I/O.
+
+Users write `volcano.sh/gpu-memory` in MiB, as Volcano's guide does. Nodes advertise one
+device per memory unit (the cluster's unit, GPUShareConfig `spec.memoryUnitMiB`), because the
+kubelet writes every allocated device id into the pod's status and compares every device with
+every allocation after a restart. At creation each container's gpu-memory limit (and its
+request, which the apiserver has defaulted to it) becomes whole units, rounded up, and two
+annotations keep the unit and the MiB each container asked: the scheduler places the pod only
+on nodes of that unit, the device plugin tells the container its MiB.
+
+A cluster whose pods already write units (Volcano's `--gpu-memory-factor`) sets
+`spec.podMemoryLimits: Units`: limits are left as they are and the annotations still written.
+Converting is idempotent: a pod whose annotations agree with its limits (the webhook called a
+second time, or a pod re-created from `kubectl get -o yaml`) is left as it is.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from gpushare.model import contract
+from gpushare.model.bodies import Body, annotations_of, describe, path, text
+from gpushare.model.errors import InvalidAnnotation, InvalidRequest
+from gpushare.model.request import GpuKind, gpu_request
+
+KUBE_SCHEDULER_NAME = "default-scheduler"
+_ASKED = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?=[1-9][0-9]{0,9}")
+_UNIT = re.compile(r"[1-9][0-9]{0,6}")
+
+
+class LimitsIn(StrEnum):
+    """What a pod's gpu-memory limit counts, as users write it."""
+
+    MIB = "MiB"
+    UNITS = "Units"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryAsked:
+    """A converted pod's unit and the MiB each of its gpu-memory containers asked."""
+
+    unit_mib: int
+    mib: Mapping[str, int]
+
+    def annotations(self) -> dict[str, str]:
+        return {
+            contract.MEMORY_UNIT_MIB: str(self.unit_mib),
+            contract.GPU_MEMORY_MIB: ",".join(f"{name}={mib}" for name, mib in self.mib.items()),
+        }
+
+
+def memory_asked(annotations: Mapping[str, str], *, owner: str) -> MemoryAsked | None:
+    """The unit and MiB the admission webhook recorded; None on a pod it never converted (one
+    created before it was installed); InvalidAnnotation when they were edited out of shape."""
+    unit = annotations.get(contract.MEMORY_UNIT_MIB)
+    asked = annotations.get(contract.GPU_MEMORY_MIB)
+    if unit is None and asked is None:
+        return None
+    fix = "delete the pod and create it again (the gpushare admission webhook writes both)"
+    if unit is None or _UNIT.fullmatch(unit) is None:
+        raise InvalidAnnotation(
+            f"{owner}: annotation {contract.MEMORY_UNIT_MIB}={unit!r} is not a whole number "
+            f"of MiB; {fix}"
+        )
+    items = (asked or "").split(",")
+    if not all(_ASKED.fullmatch(item) for item in items):
+        raise InvalidAnnotation(
+            f"{owner}: annotation {contract.GPU_MEMORY_MIB}={asked!r} is not a comma list "
+            f"of container=MiB; {fix}"
+        )
+    mib = {name: int(value) for name, _, value in (item.partition("=") for item in items)}
+    if len(mib) != len(items):
+        raise InvalidAnnotation(
+            f"{owner}: annotation {contract.GPU_MEMORY_MIB}={asked!r} names a container "
+            f"twice; {fix}"
+        )
+    return MemoryAsked(unit_mib=int(unit), mib=mib)
+
+
+def units_for(mib: int, unit_mib: int) -> int:
+    """Whole units holding `mib`: rounded up, never down."""
+    return -(-mib // unit_mib)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AdmissionSettings:
+    unit_mib: int = contract.DEFAULT_MEMORY_UNIT_MIB
+    limits_in: LimitsIn = LimitsIn.MIB
+    scheduler_names: frozenset[str] = frozenset({contract.DEFAULT_SCHEDULER_NAME})
+    set_scheduler_name: bool = False
+    """Give GPU pods that name kube-scheduler (or none) the first served scheduler name."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Admitted:
+    """The changes to make to a pod at creation; empty when it is admitted as it is."""
+
+    units: Mapping[str, int]
+    """Container name -> its new gpu-memory limit (and request), in units."""
+    annotations: Mapping[str, str]
+    scheduler_name: str | None = None
+    """The scheduler name to set, when it changes."""
+
+    def apply(self, pod: dict[str, Any]) -> None:
+        """Make the changes on `pod` (a mutable manifest) in place."""
+        spec = _child(pod, "spec")
+        if self.scheduler_name is not None:
+            spec["schedulerName"] = self.scheduler_name
+        for field in ("containers", "initContainers"):
+            for container in spec.get(field) or []:
+                units = self.units.get(str(container.get("name")))
+                resources = _child(container, "resources") if units is not None else {}
+                for side in ("limits", "requests"):
+                    amounts = resources.get(side)
+                    if isinstance(amounts, dict) and contract.GPU_MEMORY in amounts:
+                        amounts[contract.GPU_MEMORY] = str(units)
+        if self.annotations:
+            metadata = _child(pod, "metadata")
+            metadata["annotations"] = {**(metadata.get("annotations") or {}), **self.annotations}
+
+
+def _child(parent: dict[str, Any], key: str) -> dict[str, Any]:
+    child = parent.get(key)
+    if not isinstance(child, dict):
+        child = parent[key] = {}
+    return child
+
+
+NOTHING = Admitted(units={}, annotations={})
+
+
+def admit(pod: Body, settings: AdmissionSettings) -> Admitted:
+    """What to change on `pod` at creation, or InvalidRequest / InvalidQuantity naming the
+    fix for a GPU pod that could never run (bad quantities, requests without limits, both
+    resources, a scheduler name nobody serves). A pod asking for no GPU is left alone."""
+    request = gpu_request(pod)
+    if request.kind is None:
+        return NOTHING
+    who = describe(pod, "pod")
+    scheduler_name = _scheduler_name(pod, request.kind, settings, who)
+    if request.kind is GpuKind.NUMBER:
+        return Admitted(units={}, annotations={}, scheduler_name=scheduler_name)
+    limits = {c.name: c.amount for c in request.containers}
+    try:
+        recorded = memory_asked(annotations_of(pod), owner=who)
+    except InvalidAnnotation:
+        recorded = None  # rewritten below from the limits
+    if recorded is not None and _agrees(recorded, limits):
+        return Admitted(units={}, annotations={}, scheduler_name=scheduler_name)
+    unit = settings.unit_mib
+    if settings.limits_in is LimitsIn.UNITS:
+        asked = MemoryAsked(unit_mib=unit, mib={n: a * unit for n, a in limits.items()})
+        units: dict[str, int] = {}
+    else:
+        asked = MemoryAsked(unit_mib=unit, mib=limits)
+        units = {name: units_for(mib, unit) for name, mib in limits.items()}
+    return Admitted(units=units, annotations=asked.annotations(), scheduler_name=scheduler_name)
+
+
+def _agrees(recorded: MemoryAsked, limits: Mapping[str, int]) -> bool:
+    return recorded.mib.keys() == limits.keys() and all(
+        limits[name] == units_for(mib, recorded.unit_mib) for name, mib in recorded.mib.items()
+    )
+
+
+def _scheduler_name(pod: Body, kind: GpuKind, settings: AdmissionSettings, who: str) -> str | None:
+    name = text(path(pod, "spec").get("schedulerName")) or KUBE_SCHEDULER_NAME
+    if name in settings.scheduler_names:
+        return None
+    served = sorted(settings.scheduler_names)
+    if settings.set_scheduler_name and name == KUBE_SCHEDULER_NAME:
+        return served[0]
+    raise InvalidRequest(
+        f"{who} asks for {kind.value} but its spec.schedulerName {name!r} is not served by "
+        f"gpushare (it serves {', '.join(served)}): another scheduler would bind it and the "
+        f"kubelet refuse it. Set spec.schedulerName: {served[0]}"
+    )

@@ -1,0 +1,190 @@
+"""The admission webhook's serving certificate, shared by every replica, and the caBundle of
+the MutatingWebhookConfiguration that calls it.
+
+The first replica to start makes a CA and a serving certificate for the webhook's names and
+stores them in a Secret; the others, and later restarts, read it, so whichever replica the
+Service picks answers with a certificate the apiserver trusts. Every replica keeps the
+configuration's caBundle equal to that CA, checked again every minute (a `kubectl apply` or a
+chart upgrade may reset it). A Secret made for other names is replaced.
+
+The webhook itself (`admit_pod`) runs the model's `admit` with the live configuration; kopf
+serves it (`handlers.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime
+import ipaddress
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from gpushare import logs
+from gpushare.kube import ApiError
+from gpushare.kube.retry import Backoff
+from gpushare.model.admission import Admitted, admit
+from gpushare_operator.config import OperatorConfig
+from gpushare_operator.kubeapi import KubeSchedulerApi
+
+CA_KEY = "ca.crt"
+CERT_KEY = "tls.crt"
+KEY_KEY = "tls.key"
+HOSTS_ANNOTATION = "gpushare.io/webhook-hosts"
+_VALID = datetime.timedelta(days=3650)
+CHECK_INTERVAL_S = 60.0
+MISSING_CHECK_INTERVAL_S = 5.0
+
+log = logs.get("webhook")
+
+
+def admit_pod(pod: dict[str, Any], config: OperatorConfig) -> Admitted:
+    """The changes to make to `pod` at creation, or the model's error naming the fix."""
+    return admit(pod, config.admission())
+
+
+@dataclass(frozen=True, slots=True)
+class ServingFiles:
+    certfile: Path
+    keyfile: Path
+    ca_pem: bytes
+
+
+def issue(hosts: Iterable[str]) -> dict[str, bytes]:
+    """A CA and a serving certificate for `hosts` (DNS names or IPs), PEM encoded."""
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpushare-webhook-ca")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + _VALID)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    names: list[x509.GeneralName] = []
+    for host in sorted(hosts):
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, sorted(hosts)[0])])
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + _VALID)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return {
+        CA_KEY: ca.public_bytes(serialization.Encoding.PEM),
+        CERT_KEY: cert.public_bytes(serialization.Encoding.PEM),
+        KEY_KEY: key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+    }
+
+
+def _hosts_value(hosts: Iterable[str]) -> str:
+    return ",".join(sorted(hosts))
+
+
+async def shared_certificate(api: KubeSchedulerApi, config: OperatorConfig) -> dict[str, bytes]:
+    """The Secret's CA and serving certificate, made first if absent or made for other names."""
+    namespace, name = config.lease_namespace, config.webhook_secret
+    wanted = _hosts_value(config.webhook_hosts)
+    for backoff in Backoff(initial_s=0.5, max_s=5.0).delays():
+        secret = await api.read_secret(namespace, name)
+        annotations = (secret or {}).get("metadata", {}).get("annotations") or {}
+        data = (secret or {}).get("data") or {}
+        keys = (CA_KEY, CERT_KEY, KEY_KEY)
+        if annotations.get(HOSTS_ANNOTATION) == wanted and all(key in data for key in keys):
+            return {key: base64.b64decode(data[key]) for key in (CA_KEY, CERT_KEY, KEY_KEY)}
+        if secret is not None:
+            # Made for other names (or damaged): replace it. Every replica of one version
+            # asks for the same names, so this settles on one certificate.
+            await api.delete_secret(namespace, name, secret["metadata"].get("uid"))
+        issued = issue(config.webhook_hosts)
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "kubernetes.io/tls",
+            "metadata": {"name": name, "annotations": {HOSTS_ANNOTATION: wanted}},
+            "data": {key: base64.b64encode(value).decode() for key, value in issued.items()},
+        }
+        try:
+            await api.create_secret(namespace, body)
+        except ApiError as error:
+            if error.status != 409:
+                raise
+            await asyncio.sleep(backoff)
+            continue  # another replica made it first: read theirs
+        log.info("webhook_certificate_created", secret=f"{namespace}/{name}", hosts=wanted)
+        return issued
+    raise AssertionError("unreachable: delays() never ends")
+
+
+def write_serving_files(bundle: dict[str, bytes]) -> ServingFiles:
+    """The certificate and key in a private folder for the HTTPS server (removed at exit
+    with the process's temporary folder)."""
+    directory = Path(tempfile.mkdtemp(prefix="gpushare-webhook-"))
+    certfile, keyfile = directory / CERT_KEY, directory / KEY_KEY
+    certfile.write_bytes(bundle[CERT_KEY])
+    keyfile.touch(mode=0o600)
+    keyfile.write_bytes(bundle[KEY_KEY])
+    return ServingFiles(certfile=certfile, keyfile=keyfile, ca_pem=bundle[CA_KEY])
+
+
+async def keep_ca_bundle(
+    api: KubeSchedulerApi, config: Callable[[], OperatorConfig], ca_pem: bytes
+) -> None:
+    """Keep every webhook of the configuration trusting `ca_pem`, for ever."""
+    ca_bundle = base64.b64encode(ca_pem).decode()
+    missing_said = False
+    while True:
+        name = config().webhook_configuration
+        interval = CHECK_INTERVAL_S
+        try:
+            current = await api.read_webhook_configuration(name)
+            if current is None:
+                if not missing_said:
+                    log.warning(
+                        "webhook_configuration_missing",
+                        configuration=name,
+                        consequence="gpu-memory pods are refused at creation until it exists: "
+                        "kubectl apply -k manifests",
+                    )
+                    missing_said = True
+                interval = MISSING_CHECK_INTERVAL_S
+            else:
+                missing_said = False
+                webhooks = current.get("webhooks") or []
+                if any(
+                    (w.get("clientConfig") or {}).get("caBundle") != ca_bundle for w in webhooks
+                ):
+                    await api.set_ca_bundle(name, [w["name"] for w in webhooks], ca_bundle)
+                    log.info("webhook_ca_bundle_set", configuration=name)
+                    continue
+        except ApiError as error:
+            log.warning("webhook_ca_bundle_failed", configuration=name, error=str(error))
+        await asyncio.sleep(interval)

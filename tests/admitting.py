@@ -1,0 +1,48 @@
+"""Creating pods through the admission chain, as `kubectl create` would."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from cluster import create_pod, eventually, gpu_pod
+from kubernetes_asyncio import client
+
+from gpushare.kube import ApiError
+from gpushare.model import contract
+
+NOT_CONVERTED = "admission webhook did not convert it"
+
+
+async def create(core: client.CoreV1Api, body: dict[str, Any]) -> dict[str, Any]:
+    """Create a pod, retrying while the apiserver has not yet loaded the policy or the
+    webhook's caBundle (both reach its admission chain a moment after they are written)."""
+
+    async def created() -> dict[str, Any] | None:
+        try:
+            return await create_pod(core, body)
+        except ApiError as error:
+            # The webhook is skipped (failurePolicy Ignore) until the operator has set the
+            # caBundle: the policy then refuses the pod as not converted.
+            if any(m in error.message for m in ("x509", "not yet synced", NOT_CONVERTED)):
+                return None
+            raise
+
+    return await eventually(created, timeout_s=20, what=f"pod {body['metadata']['name']}")
+
+
+async def refusal(core: client.CoreV1Api, body: dict[str, Any]) -> str:
+    with pytest.raises(ApiError) as refused:
+        await create_pod(core, body)
+    return refused.value.message
+
+
+async def ready(core: client.CoreV1Api) -> None:
+    """The webhook answers with a trusted certificate (the operator has set the caBundle)."""
+    probe = gpu_pod("probe", 1024, nodeSelector={"none": "none"})
+    await create(core, probe)
+    await core.delete_namespaced_pod("probe", "default", grace_period_seconds=0)
+
+
+def limit(pod: dict[str, Any], index: int = 0) -> str:
+    return str(pod["spec"]["containers"][index]["resources"]["limits"][contract.GPU_MEMORY])
