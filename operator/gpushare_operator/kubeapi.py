@@ -34,7 +34,12 @@ class SchedulerApi(Protocol):
         """The pod as the apiserver has it now; None when it is gone."""
         ...
 
-    async def set_unschedulable(self, pod: PodRef, reason: str, message: str) -> None: ...
+    async def set_unschedulable(
+        self, pod: PodRef, reason: str, message: str, resource_version: int | None
+    ) -> None:
+        """PodScheduled=False, only on the pod as it was at `resource_version` (ApiError 409
+        once it has changed: bound meanwhile, it must not be marked unschedulable)."""
+        ...
 
     async def post_event(
         self, pod: PodRef, *, event_type: str, reason: str, message: str
@@ -100,7 +105,9 @@ class KubeSchedulerApi:
     async def read_pod(self, pod: PodRef) -> dict[str, Any] | None:
         return await read_pod(self._core, pod.name, pod.namespace, pod.uid, timeout_s=self._timeout)
 
-    async def set_unschedulable(self, pod: PodRef, reason: str, message: str) -> None:
+    async def set_unschedulable(
+        self, pod: PodRef, reason: str, message: str, resource_version: int | None
+    ) -> None:
         condition = {
             "type": "PodScheduled",
             "status": "False",
@@ -108,12 +115,16 @@ class KubeSchedulerApi:
             "message": message,
             "lastTransitionTime": rfc3339(),
         }
-        # Strategic merge: conditions merge by type; the pod's other conditions stay.
+        # Strategic merge: conditions merge by type; the pod's other conditions stay. The
+        # resourceVersion makes it a precondition: the write was decided on that pod.
+        body: dict[str, Any] = {"status": {"conditions": [condition]}}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": str(resource_version)}
         await raw_json(
             self._core.patch_namespaced_pod_status(
                 pod.name,
                 pod.namespace,
-                {"status": {"conditions": [condition]}},
+                body,
                 _preload_content=False,
                 _request_timeout=self._timeout,
             )

@@ -65,13 +65,23 @@ class Reporter:
         self._queue.append((pod, report))
         self._ready.set()
 
-    def unschedulable(self, pod: PodRef, message: str) -> None:
+    def unschedulable(self, pod: PodRef, message: str, resource_version: int | None) -> None:
+        """PodScheduled=False and a FailedScheduling event, unless the pod has changed since
+        the decision (`resource_version`): a report still queued when the pod is bound must
+        not mark the bound pod unschedulable (the device plugin serves only pods that the
+        apiserver marked scheduled)."""
         if self._last.get(pod.uid) == message:
             return
         self._last[pod.uid] = message
 
         async def report() -> None:
-            await self._api.set_unschedulable(pod, UNSCHEDULABLE, message)
+            try:
+                await self._api.set_unschedulable(pod, UNSCHEDULABLE, message, resource_version)
+            except ApiError as error:
+                if error.status != 409:
+                    raise
+                self._last.pop(pod.uid, None)  # changed meanwhile: its next refusal reports
+                return
             await self._api.post_event(
                 pod, event_type="Warning", reason=FAILED_SCHEDULING, message=message
             )

@@ -98,7 +98,7 @@ class Scheduler:
             return None
         outcome = plan(self.cache, pod, self._config().policy)
         if isinstance(outcome, Refusal):
-            self._unschedulable(uid, pod.ref, outcome)
+            self._unschedulable(uid, pod, outcome)
             return None
         for earlier in outcome.expired.values():
             self._log.warning(
@@ -110,12 +110,12 @@ class Scheduler:
         self.cache.assume(pod, outcome)
         return _Decision(pod, outcome)
 
-    def _unschedulable(self, uid: PodUid, pod: PodRef, refusal: Refusal) -> None:
+    def _unschedulable(self, uid: PodUid, pod: PodInfo, refusal: Refusal) -> None:
         message = refusal.message
         self.queue.park(uid, refusal.retry_in_s, refusal.wake_key)
         self._metrics.attempts.labels("unschedulable").inc()
-        self._log.info("unschedulable", pod=str(pod), reason=message)
-        self._reporter.unschedulable(pod, message)
+        self._log.info("unschedulable", pod=str(pod.ref), reason=message)
+        self._reporter.unschedulable(pod.ref, message, pod.resource_version)
 
     # -- binding cycle (concurrent) ------------------------------------------------------
 

@@ -18,13 +18,15 @@ import os
 import shutil
 import ssl
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import aiohttp
 import pytest
 import pytest_asyncio
 from cluster import create_pod, eventually, gpu_index, gpu_pod, read_pod
@@ -44,11 +46,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 EXAMPLES = Path(__file__).resolve().parents[4] / "manifests" / "examples"
 GUIDE_CARD = 11178
 SELECTED_ONLY = {"key": "gpushare.test/selected-only", "value": "true", "effect": "NoSchedule"}
-COARSE_UNIT = 64
+COARSE_UNIT = contract.DEFAULT_MEMORY_UNIT_MIB  # the cluster's default unit
 # One entry of a container's allocatedResourcesStatus ({"health": "Healthy", "resourceID":
 # "7-11177"}) as `kubectl get pod -o json` prints it, five indented lines: at most this many
 # bytes (about 170 for the guide's ids).
 BYTES_PER_DEVICE_ID = 200
+# The allocatedResourcesStatus entry around them (the resource's name) and the kubelet's
+# managedFields entry for it, once per pod.
+STATUS_OVERHEAD = 1024
 
 
 @dataclass
@@ -258,7 +263,7 @@ async def test_two_containers_and_an_init_container_each_see_their_share(
 async def test_a_kubelet_restart_keeps_running_pods_and_admits_new_ones(
     real: Cluster, core: client.CoreV1Api
 ) -> None:
-    # On the node of 64 MiB per device: at 1 MiB the restarted kubelet's device manager
+    # On the node of the default unit: at 1 MiB the restarted kubelet's device manager
     # holds admissions for a long time (measured in bench/realnode.py).
     node = real.coarse
     await create_pod(core, on(node, "before", 4096))
@@ -290,16 +295,16 @@ async def test_a_device_plugin_restart_keeps_pods_and_serves_new_ones(
     node.plugin.stop()
     node.plugin.start()
     assert (await read_pod(core, "kept"))["status"]["phase"] == "Running"
-    await create_pod(core, on(node, "served", 3008))
+    await create_pod(core, on(node, "served", 3072))
     pod = await running(core, "served")
-    assert gpu_env(await exec_env(real, "served")) == guide_env(gpu_index(pod), 3008)
+    assert gpu_env(await exec_env(real, "served")) == guide_env(gpu_index(pod), 3072)
 
 
 async def test_deleting_a_pod_releases_its_devices_in_the_checkpoint_and_the_gpunode(
     real: Cluster, core: client.CoreV1Api
 ) -> None:
     node = real.coarse
-    for name, mib in (("kept", 1984), ("deleted", 3008)):
+    for name, mib in (("kept", 2048), ("deleted", 3072)):
         await create_pod(core, on(node, name, mib))
         await running(core, name)
     deleted_uid = (await read_pod(core, "deleted"))["metadata"]["uid"]
@@ -331,9 +336,9 @@ async def test_deleting_a_pod_releases_its_devices_in_the_checkpoint_and_the_gpu
         )
         held = checkpoint_mib()
         allocated = gpunode.get("status", {}).get("allocatedMiB")
-        return gpunode if allocated == sum(held.values()) == 1984 + 512 else None
+        return gpunode if allocated == sum(held.values()) == 2048 + 512 else None
 
-    await eventually(agreed, what="checkpoint and GPUNode status to agree on 1984 + 512 MiB")
+    await eventually(agreed, what="checkpoint and GPUNode status to agree on 2048 + 512 MiB")
     assert deleted_uid not in checkpoint_mib()
 
 
@@ -374,7 +379,7 @@ async def test_the_pods_size_grows_with_its_device_ids_as_the_unit_makes_it(
             status.pop("allocatedResourcesStatus", None)
         bare = len(json.dumps(pod, indent=4))  # kubectl's own indentation
         sizes[node.unit] = len(text.encode())
-        assert sizes[node.unit] <= bare + limit * BYTES_PER_DEVICE_ID
+        assert sizes[node.unit] <= bare + STATUS_OVERHEAD + limit * BYTES_PER_DEVICE_ID
     assert sizes[1] - sizes[COARSE_UNIT] >= (mib - mib // COARSE_UNIT) * 100
 
 
@@ -451,3 +456,60 @@ async def test_a_sweep_for_crashed_runs_leaves_running_nodes_alone(real: Cluster
         assert any(name.startswith(node.real.directory.name) for name in recorded)
         assert node.real.kubelet.running
         await asyncio.to_thread(node.real.wait_ready, timeout_s=30)
+
+
+GROWTH_LIMIT = 16 * 1024
+"""The most a pod's object may grow from its device ids at the default unit (the memory-unit
+issue's target), whatever the pod asks of one card."""
+RESTART_PODS = 100
+RESTART_ADMISSION_S = 10.0
+
+
+async def pod_bytes(real: Cluster, core: client.CoreV1Api, name: str) -> tuple[int, int]:
+    """The pod's JSON as the apiserver sends it to every watcher (compact) and as `kubectl
+    get -o json` prints it."""
+    response = cast(
+        aiohttp.ClientResponse,
+        await core.read_namespaced_pod(name, "default", _preload_content=False),
+    )
+    async with response:
+        compact = len(await response.read())
+    return compact, len(real.kubectl("get", "pod", name, "-o", "json").stdout.encode())
+
+
+async def test_at_the_default_unit_a_40_gib_pod_grows_by_at_most_16_kib(
+    real: Cluster, core: client.CoreV1Api
+) -> None:
+    node = real.coarse
+    sizes = {}
+    for name, mib in (("small", COARSE_UNIT), ("large", 40960)):
+        await create_pod(core, on(node, name, mib))
+        await running(core, name)
+
+        async def recorded(pod: str = name, count: int = mib // COARSE_UNIT) -> bool:
+            return len(device_ids(await read_pod(core, pod))) == count
+
+        await eventually(recorded, what=f"{name}'s device ids in its status")
+        sizes[name] = await pod_bytes(real, core, name)
+    compact = sizes["large"][0] - sizes["small"][0]
+    printed = sizes["large"][1] - sizes["small"][1]
+    assert 0 < compact <= printed <= GROWTH_LIMIT, sizes
+
+
+async def test_after_a_kubelet_restart_with_100_gpu_pods_a_new_pod_is_admitted_within_10_s(
+    real: Cluster, core: client.CoreV1Api
+) -> None:
+    node = real.coarse
+    names = [f"busy-{i}" for i in range(RESTART_PODS)]
+    for name in names:
+        await create_pod(core, on(node, name, 1024))
+    for name in names:
+        await running(core, name, timeout_s=300)
+    mark = len(node.plugin.log_events())
+    node.real.restart_kubelet()
+    await asyncio.to_thread(node.plugin.wait_registered, after=mark)
+    created = time.monotonic()
+    await create_pod(core, on(node, "newcomer", 1024))
+    await running(core, "newcomer", timeout_s=120)
+    waited = time.monotonic() - created
+    assert waited <= RESTART_ADMISSION_S, f"admitted {waited:.1f} s after creation"
