@@ -7,7 +7,7 @@ the operator):
 - the largest pod that still runs at 1 MiB per device (Running in the API within a minute);
 - the time the kubelet takes to admit a new pod after a restart with N GPU pods on the node.
 
-    python bench/realnode.py [--pods 100] [--units 1,64] [--json out.json]
+    python bench/realnode.py [--pods 100] [--units 1,64,512] [--json out.json]
 
 Needs root and the node packages (`make node-packages`).
 """
@@ -24,13 +24,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpushare.model import contract
 from gpushare_harness.crds import install_project_at
 from gpushare_harness.operator import OperatorProcess
 from gpushare_harness.plugin import PluginProcess
 from gpushare_harness.realnode import RealCluster, RealNode
 
 SIZES_MIB = (1024, 16384, 40960)
-RESTART_POD_MIB = 800  # 100 such pods fit the guide's 8 x 11178 MiB node
+WHOLE_H200_MIB = 143360  # a pod asking a whole 141 GiB card (140 GiB in whole GiB)
+COARSE_FROM_MIB = 64  # the whole-card pod is measured from this unit up (143,360 ids at 1)
+RESTART_POD_MIB = 512  # 100 such pods fit the guide's 8 x 11178 MiB node at every unit measured
 RUN_TIMEOUT_S = 60.0
 
 
@@ -103,36 +106,44 @@ class Bench:
     def delete_all(self) -> None:
         self.kubectl("delete", "pods", "--all", "--grace-period=0", "--force", "--wait=true")
 
-    def pod_size(self, name: str) -> tuple[int, int]:
-        """Bytes of `kubectl get pod -o json`, and device ids in its status."""
+    def pod_size(self, name: str) -> tuple[int, int, int]:
+        """Bytes of `kubectl get pod -o json`, bytes of the pod as the apiserver sends it
+        (compact JSON, what every watcher of pods receives), and device ids in its status."""
         text = self.kubectl("get", "pod", name, "-o", "json").stdout
+        compact = self.kubectl("get", "--raw", f"/api/v1/namespaces/default/pods/{name}").stdout
         ids = 0
         for status in json.loads(text)["status"].get("containerStatuses", []):
             for resource in status.get("allocatedResourcesStatus", []):
                 ids += len(resource["resources"])
-        return len(text.encode()), ids
+        return len(text.encode()), len(compact.encode()), ids
 
 
 def measure_sizes(bench: Bench, units: list[int]) -> list[dict[str, Any]]:
     rows = []
     for unit in units:
         node = f"size-u{unit}"
-        bench.node(node, "1x81920", unit)
-        for mib in SIZES_MIB:
+        bench.node(node, "1x147456", unit)
+        sizes = (*SIZES_MIB, WHOLE_H200_MIB) if unit >= COARSE_FROM_MIB else SIZES_MIB
+        for mib in sizes:
             name = f"size-{unit}-{mib}"
             count = math.ceil(mib / unit)
             bench.create(name, node, count)
             ran = bench.wait_running([name], RUN_TIMEOUT_S)
             deadline = time.monotonic() + 30
-            size, ids = bench.pod_size(name)
+            size, compact, ids = bench.pod_size(name)
             while ran is not None and ids < count and time.monotonic() < deadline:
                 time.sleep(0.5)
-                size, ids = bench.pod_size(name)
+                size, compact, ids = bench.pod_size(name)
             rows.append(
                 {"unit_mib": unit, "pod_mib": mib, "running": ran is not None,
-                 "device_ids_in_status": ids, "pod_json_bytes": size}
+                 "device_ids_in_status": ids, "pod_json_bytes": size,
+                 "pod_compact_json_bytes": compact}
             )  # fmt: skip
-            print(f"size: unit {unit} MiB, pod {mib} MiB: {size} bytes, {ids} ids", flush=True)
+            print(
+                f"size: unit {unit} MiB, pod {mib} MiB: {size} bytes ({compact} compact), "
+                f"{ids} ids",
+                flush=True,
+            )
             bench.delete_all()
     return rows
 
@@ -148,7 +159,7 @@ def largest_running_pod(bench: Bench) -> dict[str, Any]:
         name = f"largest-{mib}"
         bench.create(name, node, mib)
         ran = bench.wait_running([name], RUN_TIMEOUT_S)
-        size, ids = bench.pod_size(name)
+        size, _, ids = bench.pod_size(name)
         tries.append({"pod_mib": mib, "running": ran is not None, "pod_json_bytes": size,
                       "device_ids_in_status": ids})  # fmt: skip
         print(f"largest: {mib} MiB running={ran is not None} ({size} bytes)", flush=True)
@@ -196,7 +207,7 @@ def restart_admission(bench: Bench, unit: int, pods: int) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=100)
-    parser.add_argument("--units", default="1,64")
+    parser.add_argument("--units", default=f"1,64,{contract.DEFAULT_MEMORY_UNIT_MIB}")
     parser.add_argument("--skip-largest", action="store_true")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()

@@ -19,9 +19,12 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from gpushare.model import GpuShareError
+from gpushare.model.admission import admit
 from gpushare_cli.errors import CliError
-from gpushare_cli.read import load_pod, read_cluster
+from gpushare_cli.read import Cluster, load_pod, read_cluster
 from gpushare_cli.render import explain_json, inspect_json, render_explain, render_inspect
 from gpushare_cli.report import explain, find_pod, inspect
 
@@ -58,8 +61,20 @@ async def _run(args: argparse.Namespace) -> str:
     if args.command == "explain":
         report = explain(cluster, find_pod(cluster, args.pod, args.namespace))
     else:
-        report = explain(cluster, pod, simulated=True)
+        report = explain(cluster, as_admitted(pod, cluster), simulated=True)
     return json.dumps(explain_json(report), indent=2) if as_json else render_explain(report)
+
+
+def as_admitted(pod: dict[str, Any], cluster: Cluster) -> dict[str, Any]:
+    """The pod as the admission webhook would store it (gpu-memory limits in the cluster's
+    unit), or the refusal creating it would meet; as it is where no webhook is installed."""
+    if not cluster.converts:
+        return pod
+    try:
+        admit(pod, cluster.config.admission()).apply(pod)
+    except GpuShareError as error:
+        raise CliError(f"creating this pod would be refused: {error}", status=2) from error
+    return pod
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -45,6 +45,9 @@ class Cluster:
     config: OperatorConfig
     """The operator's: its environment's values (this process's), with the live
     GPUShareConfig applied when it is valid."""
+    converts: bool = True
+    """The admission webhook is installed (its MutatingWebhookConfiguration exists): new
+    pods' gpu-memory limits are converted to the cluster's unit."""
 
 
 async def read_cluster(kubeconfig: Path | None) -> Cluster:
@@ -75,6 +78,7 @@ async def read_cluster(kubeconfig: Path | None) -> Cluster:
                 ),
                 absent={},
             )
+            webhook = await _webhook_installed(api, live_config(live).webhook_configuration)
     except (aiohttp.ClientError, OSError, TimeoutError) as error:
         raise CliError(
             f"cannot reach the cluster ({error}); check KUBECONFIG or --kubeconfig"
@@ -83,7 +87,29 @@ async def read_cluster(kubeconfig: Path | None) -> Cluster:
         raise CliError(f"no usable kubeconfig ({error}); set KUBECONFIG or --kubeconfig") from error
     except ApiError as error:
         raise CliError(f"the cluster refused to list nodes and pods: {error}") from error
-    return Cluster(nodes=nodes, gpunodes=gpunodes, pods=pods, config=_config(live))
+    return Cluster(
+        nodes=nodes, gpunodes=gpunodes, pods=pods, config=live_config(live), converts=webhook
+    )
+
+
+async def _webhook_installed(api: client.ApiClient, name: str) -> bool:
+    """Whether the admission webhook's configuration exists; a user who may not read it is
+    told what an installed webhook would do."""
+    try:
+        await _read(
+            lambda: kube.raw_json(
+                client.AdmissionregistrationV1Api(api).read_mutating_webhook_configuration(
+                    name, _preload_content=False
+                )
+            )
+        )
+    except ApiError as error:
+        if error.status == 404:
+            return False
+        if error.status == 403:
+            return True
+        raise
+    return True
 
 
 async def list_all(call: ListCall, *, optional: bool = False) -> list[Item]:
@@ -120,7 +146,7 @@ def _busy(error: Exception) -> bool:
     )
 
 
-def _config(live: Body) -> OperatorConfig:
+def live_config(live: Body) -> OperatorConfig:
     """What the operator decides with: its environment, with the live spec applied."""
     config = from_env()
     spec = path(live, "spec")

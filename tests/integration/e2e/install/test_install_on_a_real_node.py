@@ -199,3 +199,30 @@ def test_a_new_image_tag_rolls_out_and_every_running_pod_keeps_its_card_and_env(
         installed.kubectl(
             "delete", "pod", "upgrade-a", "upgrade-b", "upgrade-c", "--ignore-not-found"
         )
+
+
+def test_a_pod_that_bypasses_the_scheduler_is_refused_and_the_placed_pod_keeps_its_card(
+    installed: Installed, tmp_path: Path
+) -> None:
+    guide = (MANIFESTS / "examples" / "gpu-pod1.yaml").read_text()
+    bypass = tmp_path / "bypass.yaml"
+    bypass.write_text(
+        guide.replace("name: gpu-pod1", "name: bypass").replace(
+            "schedulerName: volcano", f"nodeName: {NODE}"
+        )
+    )
+    placed = tmp_path / "placed.yaml"
+    placed.write_text(guide.replace("name: gpu-pod1", "name: placed"))
+    try:
+        # Just before a placed pod of the same size: this once took the placed pod's card.
+        refused = installed.kubectl("apply", "-f", str(bypass), check=False)
+        installed.kubectl("apply", "-f", str(placed))
+        assert refused.returncode != 0
+        assert "spec.nodeName" in refused.stderr
+        assert f"kubernetes.io/hostname: {NODE}" in refused.stderr
+        pod = installed.running("placed")
+        card = pod["metadata"]["annotations"][contract.GPU_INDEX]
+        assert installed.gpu_env("placed")[contract.ENV_VISIBLE_DEVICES] == card
+        assert installed.kubectl("get", "pod", "bypass", check=False).returncode != 0
+    finally:
+        installed.kubectl("delete", "pod", "placed", "--ignore-not-found")

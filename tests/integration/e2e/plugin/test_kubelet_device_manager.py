@@ -285,6 +285,18 @@ async def test_a_node_of_eight_141_gib_cards_is_listed_under_the_kubelets_limit(
     assert (await gpunode(api, "auto"))["spec"]["memoryUnitMiB"] == unit
 
 
+async def test_at_the_default_unit_eight_141_gib_cards_are_listed_without_choosing_anything(
+    api: client.ApiClient, gpu_node: Callable[..., Any]
+) -> None:
+    default = contract.DEFAULT_MEMORY_UNIT_MIB
+    sizes = [CardDevices(index=CardIndex(i), memory_mib=144384) for i in range(8)]
+    assert memory_message_size(sizes, default) <= 64 * 1024  # the limit is 4 MiB
+    node = await gpu_node("h200", "8x144384", unit_mib=None)
+    units = 8 * (144384 // default)
+    await asyncio.to_thread(node.kubelet.wait_capacity, contract.GPU_MEMORY, str(units))
+    assert (await gpunode(api, "h200"))["spec"]["memoryUnitMiB"] == default
+
+
 async def test_the_inventory_is_owned_by_the_node_and_metrics_count_allocations(
     core: client.CoreV1Api,
     api: client.ApiClient,
