@@ -37,6 +37,7 @@ EXAMPLES = MANIFESTS / "examples"
 REAL_NODE = "gpu-node-1"  # the guide's node: 8 cards of 11178 MiB (manifests/overlays/dev)
 FAKE_NODE = ("gpu-node-2", "1x81920,1x40960,2x24576")  # heterogeneous cards
 GUIDE_PODS = ("gpu-pod1", "gpu-pod2")
+GUIDE_CARD_MIB = 11178  # the guide's GTX 1080 Ti
 
 
 def section(title: str) -> None:
@@ -144,19 +145,32 @@ def start_components(cluster: RealCluster, pids: dict[str, int]) -> None:
 
 def show(directory: Path, kubeconfig: Path) -> None:
     """Apply the guide's pods and show what the guide shows."""
-    section("nodes: the device plugins advertise GPU memory and cards (the guide's node first)")
+    unit = contract.DEFAULT_MEMORY_UNIT_MIB
+    section(
+        f"nodes: the device plugins advertise GPU memory in devices of {unit} MiB, and cards "
+        "(the guide's node first)"
+    )
     columns = (
         "custom-columns=NAME:.metadata.name,"
         "GPU-MEMORY:.status.allocatable.volcano\\.sh/gpu-memory,"
         "GPU-NUMBER:.status.allocatable.volcano\\.sh/gpu-number"
     )
+    devices = str(8 * (GUIDE_CARD_MIB // unit))
     deadline = time.monotonic() + 30
-    while "89424" not in kubectl_quiet(kubeconfig, "get", "nodes", "-o", columns):
+    while devices not in kubectl_quiet(kubeconfig, "get", "nodes", "-o", columns):
         if time.monotonic() > deadline:
-            raise RuntimeError("gpu-node-1 never showed 89424 MiB of GPU memory")
+            raise RuntimeError(f"gpu-node-1 never showed {devices} gpu-memory devices")
         time.sleep(0.5)
     kubectl(kubeconfig, "get", "nodes", "-o", columns)
-    section("the guide's two pods, applied unchanged")
+    section("the admission webhook answers (a server-side dry run creates nothing)")
+    guide = str(EXAMPLES / f"{GUIDE_PODS[0]}.yaml")
+    deadline = time.monotonic() + 60
+    while kubectl_status(kubeconfig, "create", "--dry-run=server", "-f", guide) != 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the admission webhook never answered: see the operator's log")
+        time.sleep(1)
+    kubectl(kubeconfig, "create", "--dry-run=server", "-f", guide)
+    section("the guide's two pods, applied unchanged (1024 MiB each)")
     for name in GUIDE_PODS:
         kubectl(kubeconfig, "apply", "-f", str(EXAMPLES / f"{name}.yaml"))
     asyncio.run(_wait_running(kubeconfig, GUIDE_PODS, timeout_s=60))
@@ -169,6 +183,14 @@ def show(directory: Path, kubeconfig: Path) -> None:
     ]
     annotations = "custom-columns=" + ",".join(shown)
     kubectl(kubeconfig, "get", "pods", "-o", annotations)
+    section(f"the webhook stored their limits in {unit} MiB devices and kept the MiB asked")
+    converted = (
+        "custom-columns=NAME:.metadata.name,"
+        "LIMIT:.spec.containers[0].resources.limits.volcano\\.sh/gpu-memory,"
+        "UNIT-MIB:.metadata.annotations.gpushare\\.io/memory-unit-mib,"
+        "MIB:.metadata.annotations.gpushare\\.io/gpu-memory-mib"
+    )
+    kubectl(kubeconfig, "get", "pods", "-o", converted)
     section("inside the containers: the env the device plugin gave them, through the kubelet")
     for name in GUIDE_PODS:
         kubectl(kubeconfig, "exec", name, "--", "env")
@@ -176,6 +198,16 @@ def show(directory: Path, kubeconfig: Path) -> None:
     kubectl(kubeconfig, "get", "gpunodes")
     gpushare(kubeconfig, "inspect")
     gpushare(kubeconfig, "inspect", "gpu-node-1", "-d")
+
+
+def kubectl_status(kubeconfig: Path, *args: str) -> int:
+    result = subprocess.run(
+        [str(ensure_binaries().kubectl), "--kubeconfig", str(kubeconfig), *args],
+        capture_output=True,
+        check=False,
+        timeout=60,
+    )
+    return result.returncode
 
 
 def kubectl_quiet(kubeconfig: Path, *args: str) -> str:

@@ -34,7 +34,10 @@ def test_the_demo_shows_the_guide_and_down_stops_everything(
         assert 'deployment "gpushare-operator" successfully rolled out' in out
         assert 'daemon set "gpushare-device-plugin" successfully rolled out' in out
         # The guide's node, its pods on card 0, the annotations and the env it documents.
-        assert "gpu-node-1   89424        8" in out
+        rows = [line.split() for line in out.splitlines()]
+        assert ["gpu-node-1", "168", "8"] in rows  # 8 x 11178 MiB in 512 MiB devices
+        for pod in ("gpu-pod1", "gpu-pod2"):  # 1024 MiB stored as 2 devices, the MiB kept
+            assert [pod, "2", "512", "cuda-container=1024"] in rows
         assert "gpu-pod1   1/1     Running" in out
         assert out.count("$ kubectl exec gpu-pod") == 2  # a real exec into each container
         assert out.count("HOSTNAME=gpu-pod") == 2

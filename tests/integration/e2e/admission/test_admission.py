@@ -9,15 +9,20 @@ What a user sees is asserted: the pod as stored (limits, annotations), the refus
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from admitting import NOT_CONVERTED, create, limit, ready, refusal
 from cluster import bound, create_pod, eventually, gpu_pod, read_pod
 from kubernetes_asyncio import client
 
 from gpushare.kube import ApiError, raw_json
 from gpushare.model import contract
+from gpushare_harness import ControlPlane
 from gpushare_harness.crds import install_admission
 from gpushare_harness.operator import webhook_url
 
@@ -190,3 +195,31 @@ async def test_mixed_units_new_pods_go_to_nodes_of_the_cluster_unit_old_pods_kee
     line = await asyncio.to_thread(new.kubelet.wait_started, "default/fresh", "cuda-container")
     assert line["envs"][contract.ENV_GPU_ALLOCATED] == "1024"
     assert (await read_pod(core, "legacy"))["status"]["phase"] != "Failed"
+
+
+def simulate(plane: ControlPlane, manifest: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpushare_cli", "--kubeconfig", str(plane.kubeconfig),
+         "simulate", "-f", str(manifest)],  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
+async def test_simulate_reads_a_pod_as_the_webhook_would_store_it(
+    plane: ControlPlane, gpu_node: Any, admission: None, tmp_path: Path
+) -> None:
+    await gpu_node("gpu-node-1", "1x11178", unit_mib=None)
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(yaml.safe_dump(gpu_pod("what-if", 1024)))
+    shown = simulate(plane, manifest)
+    assert shown.returncode == 0, shown.stderr
+    # 21 devices of 512 MiB on the card, 2 taken by the pod's 1024 MiB.
+    assert "would be placed now (bestfit): gpu-node-1 card 0 (9728 MiB" in shown.stdout
+    manifest.write_text(yaml.safe_dump(gpu_pod("bad", "1Gi")))
+    refused = simulate(plane, manifest)
+    assert refused.returncode == 2
+    assert "creating this pod would be refused" in refused.stderr
+    assert "binary suffix" in refused.stderr
