@@ -198,9 +198,9 @@ async def test_mixed_units_new_pods_go_to_nodes_of_the_cluster_unit_old_pods_kee
 
 
 def simulate(plane: ControlPlane, manifest: Path) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "gpushare_cli", "--kubeconfig", str(plane.kubeconfig)]
     return subprocess.run(
-        [sys.executable, "-m", "gpushare_cli", "--kubeconfig", str(plane.kubeconfig),
-         "simulate", "-f", str(manifest)],  # fmt: skip
+        [*argv, "simulate", "-f", str(manifest)],
         capture_output=True,
         text=True,
         check=False,
