@@ -106,7 +106,7 @@ async def gpu_node(
         ).start()
         plugin = PluginProcess(
             node=name,
-            kubeconfig=plane.kubeconfig,
+            kubeconfig=kubeconfig or plane.kubeconfig,
             socket_dir=plugin_dir,
             fake_gpus=cards,
             log=tmp_path / f"{name}-plugin.log",

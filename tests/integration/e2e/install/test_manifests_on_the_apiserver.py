@@ -1,6 +1,8 @@
 """The manifests against the real apiserver: a server-side dry run, then the operator and the
 device plugin running with tokens of their own ServiceAccounts, bound by these manifests'
-roles, through the guide's scenario: the roles are enough."""
+roles, through the guide's scenario with the admission webhook converting the pods (the
+operator makes its certificate's Secret and sets the webhook's caBundle): the roles are
+enough."""
 
 from __future__ import annotations
 
@@ -11,11 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster import create_pod, gpu_pod
+from admitting import create
+from cluster import gpu_pod
 from kubernetes_asyncio import client
 
 from gpushare.model import contract
 from gpushare_harness import ControlPlane
+from gpushare_harness.controlplane import free_port
+from gpushare_harness.crds import install_admission
+from gpushare_harness.operator import webhook_url
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -77,11 +83,18 @@ async def test_the_components_need_no_more_than_their_roles(
         "gpushare-device-plugin",
         await token_for(core, "gpushare-device-plugin", "gpushare-device-plugin"),
     )
-    node = await gpu_node("gpu-node-1", "8x11178", kubeconfig=plugin_config)
-    operator = start_operator(KUBECONFIG=str(operator_config))
+    # The operator runs on this machine, not behind the Service: call it on loopback.
+    port = free_port()
+    await install_admission(core.api_client, webhook_url(port))  # type: ignore[attr-defined]
+    node = await gpu_node("gpu-node-1", "8x11178", kubeconfig=plugin_config, unit_mib=None)
+    operator = start_operator(
+        KUBECONFIG=str(operator_config),
+        GPUSHARE_WEBHOOK_PORT=str(port),
+        GPUSHARE_WEBHOOK_HOSTS="127.0.0.1",
+    )
     operator.wait_logged("started_leading", timeout_s=20)
     for name in ("gpu-pod1", "gpu-pod2"):
-        await create_pod(core, gpu_pod(name, 1024))
+        await create(core, gpu_pod(name, 1024))
     for name in ("gpu-pod1", "gpu-pod2"):
         line = await asyncio.to_thread(
             node.kubelet.wait_started, f"default/{name}", "cuda-container"
