@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, TypeVar
 
 _N = TypeVar("_N", int, float)
+_E = TypeVar("_E", bound=Enum)
 
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -91,6 +93,19 @@ def bounded(
     if not fits:
         raise ValueError(must)
     return value
+
+
+def one_of(choices: type[_E]) -> Callable[[str], _E]:
+    """A parser of one of an enumeration's values, naming them all when the text is none."""
+
+    def parse(raw: str) -> _E:
+        try:
+            return choices(raw)
+        except ValueError:
+            names = [str(choice.value) for choice in choices]
+            raise ValueError(f"must be {', '.join(names[:-1])} or {names[-1]}") from None
+
+    return parse
 
 
 def port(raw: str) -> int:

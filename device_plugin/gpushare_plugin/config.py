@@ -75,13 +75,6 @@ def _factor(raw: str) -> int | None:
     return options.bounded(raw, int, low=1, must=f"must be a number >= 1, or {AUTO}")
 
 
-def _visible(raw: str) -> VisibleDevices:
-    try:
-        return VisibleDevices(raw)
-    except ValueError:
-        raise ValueError(f"must be {' or '.join(VisibleDevices)}") from None
-
-
 def _seconds(raw: str) -> float:
     return options.bounded(raw, float, low=0.0, must="must be a number >= 0")
 
@@ -126,7 +119,7 @@ OPTIONS = (
         env="GPUSHARE_VISIBLE_DEVICES",
         flag="--visible-devices",
         default=VisibleDevices.INDEX.value,
-        parse=_visible,
+        parse=options.one_of(VisibleDevices),
         help=f"how NVIDIA_VISIBLE_DEVICES names the cards: {' or '.join(VisibleDevices)}",
     ),
     Option(

@@ -52,7 +52,6 @@ class OperatorProcess(LoggedProcess):
             "GPUSHARE_RETRY_PERIOD": "0.5",
             "GPUSHARE_STATUS_INTERVAL": "0.5",
             "GPUSHARE_WEBHOOK_PORT": str(webhook_port),
-            "GPUSHARE_WEBHOOK_ADDRESS": "127.0.0.1",
             "GPUSHARE_WEBHOOK_HOSTS": "127.0.0.1",
             **(env or {}),
         }

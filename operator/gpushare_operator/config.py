@@ -57,7 +57,7 @@ class OperatorConfig:
     pod_memory_limits: LimitsIn = LimitsIn.MIB
     set_scheduler_name: bool = False
     webhook_port: int = 9443
-    webhook_address: str = "0.0.0.0"  # noqa: S104 - the Service reaches every replica
+    webhook_address: str = "127.0.0.1"  # the manifests set 0.0.0.0: the Service's pod IP
     webhook_hosts: frozenset[str] = frozenset({"gpushare-webhook.gpushare-system.svc"})
     webhook_secret: str = "gpushare-webhook-tls"  # noqa: S105 - a Secret's name
     webhook_configuration: str = "gpushare"
@@ -69,13 +69,6 @@ class OperatorConfig:
             scheduler_names=self.scheduler_names,
             set_scheduler_name=self.set_scheduler_name,
         )
-
-
-def _policy(raw: str) -> Policy:
-    try:
-        return Policy(raw)
-    except ValueError:
-        raise ValueError("; ".join(Policy)) from None
 
 
 def _seconds(raw: str) -> float:
@@ -93,13 +86,6 @@ def _count(raw: str) -> int:
     return options.bounded(
         raw, int, low=1, high=10000, must="must be a whole number from 1 to 10000"
     )
-
-
-def _limits_in(raw: str) -> LimitsIn:
-    try:
-        return LimitsIn(raw)
-    except ValueError:
-        raise ValueError(" or ".join(LimitsIn)) from None
 
 
 def _unit(raw: str) -> int:
@@ -147,7 +133,7 @@ OPTIONS = (
         env="GPUSHARE_POLICY",
         flag="--policy",
         live="policy",
-        parse=_policy,
+        parse=options.one_of(Policy),
         help=" | ".join(Policy),
     ),
     Option(
@@ -282,7 +268,7 @@ OPTIONS = (
         env="GPUSHARE_POD_MEMORY_LIMITS",
         flag="--pod-memory-limits",
         live="podMemoryLimits",
-        parse=_limits_in,
+        parse=options.one_of(LimitsIn),
         help="what pods' gpu-memory limits count: MiB (converted at creation) | Units (left "
         "as written, as with Volcano's --gpu-memory-factor)",
     ),
@@ -307,7 +293,7 @@ OPTIONS = (
         env="GPUSHARE_WEBHOOK_ADDRESS",
         flag="--webhook-address",
         parse=_text,
-        help="address the admission webhook listens on",
+        help="address the admission webhook listens on (0.0.0.0 in a pod, for its Service)",
     ),
     Option(
         field="webhook_hosts",

@@ -10,7 +10,7 @@ watches it (gpushare.kube.reflector); single pods are read back after a refused 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any, Protocol, cast
 
 from kubernetes_asyncio import client
@@ -54,6 +54,16 @@ class SchedulerApi(Protocol):
     async def write_lease(self, namespace: str, body: Mapping[str, Any], *, create: bool) -> None:
         """Create the Lease, or replace it (the body's resourceVersion is the precondition)."""
         ...
+
+
+async def _unless_absent(call: Awaitable[object]) -> dict[str, Any] | None:
+    """The object a read returns; None when it does not exist (404)."""
+    try:
+        return await raw_json(call)
+    except ApiError as error:
+        if error.status == 404:
+            return None
+        raise
 
 
 class KubeSchedulerApi:
@@ -191,16 +201,11 @@ class KubeSchedulerApi:
         )
 
     async def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return await raw_json(
-                self._leases.read_namespaced_lease(
-                    name, namespace, _preload_content=False, _request_timeout=self._timeout
-                )
+        return await _unless_absent(
+            self._leases.read_namespaced_lease(
+                name, namespace, _preload_content=False, _request_timeout=self._timeout
             )
-        except ApiError as error:
-            if error.status == 404:
-                return None
-            raise
+        )
 
     async def write_lease(self, namespace: str, body: Mapping[str, Any], *, create: bool) -> None:
         if create:
@@ -226,16 +231,11 @@ class KubeSchedulerApi:
     # -- the admission webhook's certificate ------------------------------------------------
 
     async def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return await raw_json(
-                self._core.read_namespaced_secret(
-                    name, namespace, _preload_content=False, _request_timeout=self._timeout
-                )
+        return await _unless_absent(
+            self._core.read_namespaced_secret(
+                name, namespace, _preload_content=False, _request_timeout=self._timeout
             )
-        except ApiError as error:
-            if error.status == 404:
-                return None
-            raise
+        )
 
     async def create_secret(self, namespace: str, body: Mapping[str, Any]) -> None:
         """ApiError 409 when another replica made it first."""
@@ -266,16 +266,11 @@ class KubeSchedulerApi:
                 raise
 
     async def read_webhook_configuration(self, name: str) -> dict[str, Any] | None:
-        try:
-            return await raw_json(
-                self._admission.read_mutating_webhook_configuration(
-                    name, _preload_content=False, _request_timeout=self._timeout
-                )
+        return await _unless_absent(
+            self._admission.read_mutating_webhook_configuration(
+                name, _preload_content=False, _request_timeout=self._timeout
             )
-        except ApiError as error:
-            if error.status == 404:
-                return None
-            raise
+        )
 
     async def set_ca_bundle(self, name: str, webhook_names: list[str], ca_bundle: str) -> None:
         """Each webhook's clientConfig.caBundle, by position, each position tested for its

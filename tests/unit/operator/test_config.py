@@ -50,7 +50,7 @@ def test_every_bad_value_is_reported_at_once() -> None:
             }
         )
     message = str(caught.value)
-    assert "GPUSHARE_POLICY='worstfit': bestfit; firstfit; binpack; spread" in message
+    assert "GPUSHARE_POLICY='worstfit': must be bestfit, firstfit, binpack or spread" in message
     assert "GPUSHARE_BIND_TIMEOUT='-3'" in message
     assert "GPUSHARE_METRICS_PORT='http'" in message
 

@@ -12,6 +12,7 @@ from cluster import bound, create_pod, gpu_index, gpu_pod
 from kubernetes_asyncio import client
 
 from gpushare_harness import ControlPlane, FakeGpuNode, create_gpu_node
+from gpushare_harness.controlplane import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -21,7 +22,12 @@ async def test_kopf_run_schedules_the_guides_pod(
 ) -> None:
     await create_gpu_node(core, FakeGpuNode(name="gpu-node-1", gpu_memory=89424, gpu_number=8))
     kopf = Path(sys.executable).parent / "kopf"
-    env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig), "GPUSHARE_METRICS_PORT": "0"}
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(plane.kubeconfig),
+        "GPUSHARE_METRICS_PORT": "0",
+        "GPUSHARE_WEBHOOK_PORT": str(free_port()),  # on 127.0.0.1, the default address
+    }
     with (tmp_path / "kopf.log").open("wb") as log:
         process = await asyncio.create_subprocess_exec(
             str(kopf),
