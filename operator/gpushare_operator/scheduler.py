@@ -114,6 +114,9 @@ class Scheduler:
         message = refusal.message
         self.queue.park(uid, refusal.retry_in_s, refusal.wake_key)
         self._metrics.attempts.labels("unschedulable").inc()
+        if refusal.quiet:
+            self._log.debug("held", pod=str(pod.ref), reason=message)
+            return
         self._log.info("unschedulable", pod=str(pod.ref), reason=message)
         self._reporter.unschedulable(pod.ref, message, pod.resource_version)
 

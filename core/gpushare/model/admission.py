@@ -169,8 +169,10 @@ def _agrees(recorded: MemoryAsked, limits: Mapping[str, int]) -> bool:
 
 
 def _scheduler_name(pod: Body, kind: GpuKind, settings: AdmissionSettings, who: str) -> str | None:
-    name = text(path(pod, "spec").get("schedulerName")) or KUBE_SCHEDULER_NAME
-    if name in settings.scheduler_names:
+    spec = path(pod, "spec")
+    name = text(spec.get("schedulerName")) or KUBE_SCHEDULER_NAME
+    if name in settings.scheduler_names or text(spec.get("nodeName")):
+        # A pod with its node preset meets no scheduler: the policy refuses it for that.
         return None
     served = sorted(settings.scheduler_names)
     if settings.set_scheduler_name and name == KUBE_SCHEDULER_NAME:

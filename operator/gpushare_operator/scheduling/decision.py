@@ -27,6 +27,11 @@ from gpushare_operator.scheduling.cache import SchedulerCache
 from gpushare_operator.scheduling.exactness import ExactnessCheck
 from gpushare_operator.scheduling.podinfo import PodInfo
 
+QUIET_WAIT_S = 5.0
+"""A pod held back only by the exactness rule is not reported unschedulable until the pod it
+waits for has been unassigned this long: the kubelet's Allocate normally follows a bind within
+a second, so a shorter wait is the rule working, not a problem worth an event."""
+
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
@@ -34,6 +39,8 @@ class Refusal:
     retry_in_s: float | None = None
     wake_key: Hashable = None
     """The request signature: an assignment of a pod with it may let this one go."""
+    quiet: bool = False
+    """Only the exactness rule holds it, briefly (`QUIET_WAIT_S`): nothing to report."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,11 +72,12 @@ def plan(cache: SchedulerCache, pod: PodInfo, policy: Policy) -> Plan | Refusal:
     )
     if result is None:
         # Retried when an assignment wait that held a card back runs out, at the latest.
-        return Refusal(
-            why_not(cache, request, node_check, exactness, policy),
-            exactness.first_wait_ends_in,
-            request.signature,
-        )
+        message, held = why_not(cache, request, node_check, exactness, policy)
+        retry_in_s = exactness.first_wait_ends_in
+        quiet = held and exactness.longest_wait_s < QUIET_WAIT_S
+        if quiet:  # decided again when it is no longer quiet, to report it then
+            retry_in_s = min(retry_in_s or QUIET_WAIT_S, QUIET_WAIT_S - exactness.longest_wait_s)
+        return Refusal(message, retry_in_s, request.signature, quiet=quiet)
     return Plan(
         node=result.node,
         placement=result,
@@ -85,17 +93,19 @@ def why_not(
     node_check: NodeCheck,
     exactness: ExactnessCheck,
     policy: Policy,
-) -> str:
-    """The message for a pod that fits nowhere now. When it would fit but for the exactness
-    rule (a burst of same-size pods waiting for the kubelets), say so directly: a full
-    diagnosis visits every card, too dear to repeat for each of them."""
+) -> tuple[str, bool]:
+    """The message for a pod that fits nowhere now, and whether only the exactness rule holds
+    it. When it would fit but for the rule (a burst of same-size pods waiting for the
+    kubelets), say so directly: a full diagnosis visits every card, too dear to repeat for
+    each of them."""
     ledger = cache.ledger
     blocked = find_placement(ledger, request, policy, node_check=node_check)
     if blocked is not None:
         card = blocked.cards[0]
-        return (
+        message = (
             f"0/{len(ledger.nodes()) + len(ledger.nodes_without_gpu())} nodes are "
             f"available now; the best fit is {blocked.node} card {card}, "
             f"{exactness(blocked.node, card)}"
         )
-    return diagnose(ledger, request, node_check, exactness).summary()
+        return message, True
+    return diagnose(ledger, request, node_check, exactness).summary(), False

@@ -75,6 +75,13 @@ class ExactnessCheck:
         self.first_wait_ends_in: float | None = None
         self._rules: dict[NodeName, tuple[frozenset[CardIndex], str] | None] = {}
 
+    @property
+    def longest_wait_s(self) -> float:
+        """How long the longest live wait seen so far has lasted (0 when none was seen)."""
+        if self.first_wait_ends_in is None:
+            return 0.0
+        return self._timeout_s - self.first_wait_ends_in
+
     def __call__(self, node: NodeName, card: CardIndex) -> str | None:
         if node not in self._rules:
             self._rules[node] = self._rule(node)

@@ -8,6 +8,8 @@ Three places, as in kube-scheduler's PriorityQueue:
   after `unschedulable_retry_s`, never in a hot loop: a woken pod that was tried less than
   its backoff ago (1 s, 2 s, ... per failed attempt) waits out the rest in backoff, as
   kube-scheduler's queue does, so a stream of events cannot make one pod retry endlessly.
+  A keyed wake (the assignment of the pod a same-request pod waits for) is the one event
+  such a pod waits on, once per assignment: it is tried at once.
 
 Time comes from an injected clock, so tests drive it without sleeping.
 """
@@ -104,14 +106,14 @@ class SchedulingQueue:
         self._changed.set()
 
     def wake(self, key: Hashable = None) -> None:
-        """The cluster changed: parked pods get another try: all of them, or with `key`
-        only those parked with that wake key."""
+        """The cluster changed: parked pods get another try: all of them, after what is left
+        of their backoff; or with `key` only those parked with that wake key, at once."""
         now = self._clock()
         for uid in list(self._parked):
             if key is None or self._wake_keys.get(uid) == key:
                 del self._parked[uid]
                 due = self._tried_at.get(uid, 0.0) + self._delay(self._attempts.get(uid, 1))
-                if due > now:
+                if due > now and key is None:
                     self._back_off_until(uid, due)
                 else:
                     self._activate(uid)

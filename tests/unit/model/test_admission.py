@@ -124,6 +124,9 @@ def test_a_scheduler_name_nobody_serves_is_refused_unless_the_config_sets_ours()
         admit(pod, SETTINGS)
     done = admitted(pod, AdmissionSettings(set_scheduler_name=True))
     assert done["spec"]["schedulerName"] == "volcano"
+    pod["spec"]["nodeName"] = "n"  # no scheduler at all: the policy says why not
+    assert admit(pod, SETTINGS).scheduler_name is None
+    del pod["spec"]["nodeName"]
     pod["spec"]["schedulerName"] = "someone-else"
     with pytest.raises(GpuShareError, match="'someone-else' is not served"):
         admit(pod, AdmissionSettings(set_scheduler_name=True))
