@@ -27,6 +27,7 @@ from gpushare.model.allocation import (
     bound_pod,
     match_container,
     preferred_device_ids,
+    unplaced_pods,
 )
 from gpushare.model.request import GpuKind
 from gpushare.model.usage import PodUid
@@ -38,6 +39,9 @@ from gpushare_plugin.podcache import PodCache
 _ASSIGN_ATTEMPTS = 3
 _UNREACHABLE_ATTEMPTS = 20  # 10 s: an apiserver restart
 _UNREACHABLE_BACKOFF = Backoff(initial_s=0.5, max_s=0.5)
+BYPASS_WAIT_S = 0.3
+"""The watch's grace when the pod being started is most likely one no scheduler placed: its
+refusal (GetPreferredAllocation, then Allocate) comes within a second."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -89,14 +93,20 @@ class Allocator:
         return grants
 
     async def _match_waiting(self, kind: GpuKind, counts: Sequence[int]) -> list[ContainerGrant]:
-        """Match, giving the watch up to `wait_s` to deliver a pod the kubelet saw first."""
-        deadline = time.monotonic() + self._wait_s
+        """Match, giving the watch up to `wait_s` to deliver a pod the kubelet saw first; only
+        `BYPASS_WAIT_S` when a pod no scheduler placed, of that size, is on the node: the
+        kubelet is most likely starting it, and every pod behind it waits on this lock."""
+        started = time.monotonic()
         await asyncio.wait_for(self._pods.synced.wait(), timeout=self._wait_s)
         while True:
             try:
                 return self._match(kind, counts)
             except NoCandidate:
-                left = deadline - time.monotonic()
+                unplaced = unplaced_pods(
+                    self._pods.pods(), kind=kind, schedulers=self._schedulers, count=counts[0]
+                )
+                wait_s = min(self._wait_s, BYPASS_WAIT_S) if unplaced else self._wait_s
+                left = started + wait_s - time.monotonic()
                 if left <= 0:
                     raise
                 await self._pods.wait_change(left)

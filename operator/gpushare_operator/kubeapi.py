@@ -35,15 +35,27 @@ class SchedulerApi(Protocol):
         ...
 
     async def set_unschedulable(
-        self, pod: PodRef, reason: str, message: str, resource_version: int | None
+        self,
+        pod: PodRef,
+        reason: str,
+        message: str,
+        resource_version: int | None,
+        *,
+        transition: bool,
     ) -> None:
         """PodScheduled=False, only on the pod as it was at `resource_version` (ApiError 409
-        once it has changed: bound meanwhile, it must not be marked unschedulable)."""
+        once it has changed: bound meanwhile, it must not be marked unschedulable).
+        `transition`: the condition was not False before, so its lastTransitionTime moves."""
         ...
 
-    async def post_event(
-        self, pod: PodRef, *, event_type: str, reason: str, message: str
-    ) -> None: ...
+    async def post_event(self, pod: PodRef, *, event_type: str, reason: str, message: str) -> str:
+        """Create an Event; its name."""
+        ...
+
+    async def repeat_event(self, namespace: str, name: str, *, message: str, count: int) -> None:
+        """The Event `name` seen again: its message, count and lastTimestamp (ApiError 404
+        once it has expired)."""
+        ...
 
     async def patch_gpunode_status(self, name: str, status: Mapping[str, Any]) -> None: ...
 
@@ -116,15 +128,18 @@ class KubeSchedulerApi:
         return await read_pod(self._core, pod.name, pod.namespace, pod.uid, timeout_s=self._timeout)
 
     async def set_unschedulable(
-        self, pod: PodRef, reason: str, message: str, resource_version: int | None
+        self,
+        pod: PodRef,
+        reason: str,
+        message: str,
+        resource_version: int | None,
+        *,
+        transition: bool,
     ) -> None:
-        condition = {
-            "type": "PodScheduled",
-            "status": "False",
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": rfc3339(),
-        }
+        condition = {"type": "PodScheduled", "status": "False", "reason": reason}
+        condition["message"] = message
+        if transition:  # else the merge keeps the time it became False
+            condition["lastTransitionTime"] = rfc3339()
         # Strategic merge: conditions merge by type; the pod's other conditions stay. The
         # resourceVersion makes it a precondition: the write was decided on that pod.
         body: dict[str, Any] = {"status": {"conditions": [condition]}}
@@ -140,7 +155,7 @@ class KubeSchedulerApi:
             )
         )
 
-    async def post_event(self, pod: PodRef, *, event_type: str, reason: str, message: str) -> None:
+    async def post_event(self, pod: PodRef, *, event_type: str, reason: str, message: str) -> str:
         stamp = rfc3339()
         event = {
             "apiVersion": "v1",
@@ -163,10 +178,23 @@ class KubeSchedulerApi:
             "lastTimestamp": stamp,
             "count": 1,
         }
-        await raw_json(
+        created = await raw_json(
             self._core.create_namespaced_event(
                 pod.namespace,
                 cast(client.CoreV1Event, event),
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
+        )
+        return str(created.get("metadata", {}).get("name", ""))
+
+    async def repeat_event(self, namespace: str, name: str, *, message: str, count: int) -> None:
+        change = {"message": message, "count": count, "lastTimestamp": rfc3339()}
+        await raw_json(
+            self._core.patch_namespaced_event(
+                name,
+                namespace,
+                change,
                 _preload_content=False,
                 _request_timeout=self._timeout,
             )

@@ -3,7 +3,10 @@
 Bound: a `Scheduled` Event naming the node, the card and the free memory left. Not
 placeable: `PodScheduled=False` with reason `Unschedulable` and a `FailedScheduling` Event
 carrying the diagnosis, only when the message changes, never one per retry (as
-kube-scheduler's updatePod skips unchanged conditions).
+kube-scheduler's updatePod skips unchanged conditions). A pod has one `FailedScheduling`
+Event, its message and count updated as the diagnosis changes (as the event recorder
+aggregates), and a new one once it would have expired (the apiserver keeps Events an hour).
+The condition's lastTransitionTime moves only when it turns False.
 
 Reports are queued and written by a few workers of their own, like kube-scheduler's event
 broadcaster: a burst of decisions is bound first and explained right after, instead of
@@ -14,8 +17,10 @@ overflows the oldest report is dropped and logged (the pod itself is unaffected)
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from gpushare import logs
 from gpushare.kube import ApiError
@@ -28,12 +33,22 @@ FAILED_SCHEDULING = "FailedScheduling"
 SCHEDULED = "Scheduled"
 
 _Report = Callable[[], Awaitable[None]]
+EVENT_RENEW_S = 50 * 60.0
+"""Events live an hour (kube-apiserver's --event-ttl): after this, a new one is created."""
+
+
+@dataclass(slots=True)
+class _Posted:
+    name: str
+    count: int
+    at: float
 
 
 class Reporter:
     def __init__(self, api: SchedulerApi, *, workers: int = 4, max_queued: int = 10000) -> None:
         self._api = api
         self._last: dict[PodUid, str] = {}
+        self._failed: dict[PodUid, _Posted] = {}
         self._queue: deque[tuple[PodRef, _Report]] = deque()
         self._ready = asyncio.Event()
         self.workers = workers
@@ -65,31 +80,52 @@ class Reporter:
         self._queue.append((pod, report))
         self._ready.set()
 
-    def unschedulable(self, pod: PodRef, message: str, resource_version: int | None) -> None:
+    def unschedulable(
+        self, pod: PodRef, message: str, resource_version: int | None, *, already: bool
+    ) -> None:
         """PodScheduled=False and a FailedScheduling event, unless the pod has changed since
         the decision (`resource_version`): a report still queued when the pod is bound must
         not mark the bound pod unschedulable (the device plugin serves only pods that the
-        apiserver marked scheduled)."""
+        apiserver marked scheduled). `already`: the condition is False already."""
         if self._last.get(pod.uid) == message:
             return
         self._last[pod.uid] = message
 
         async def report() -> None:
             try:
-                await self._api.set_unschedulable(pod, UNSCHEDULABLE, message, resource_version)
+                await self._api.set_unschedulable(
+                    pod, UNSCHEDULABLE, message, resource_version, transition=not already
+                )
             except ApiError as error:
                 if error.status != 409:
                     raise
                 self._last.pop(pod.uid, None)  # changed meanwhile: its next refusal reports
                 return
-            await self._api.post_event(
-                pod, event_type="Warning", reason=FAILED_SCHEDULING, message=message
-            )
+            await self._failed_scheduling(pod, message)
 
         self._enqueue(pod, report)
 
+    async def _failed_scheduling(self, pod: PodRef, message: str) -> None:
+        posted = self._failed.get(pod.uid)
+        if posted is not None and time.monotonic() - posted.at < EVENT_RENEW_S:
+            try:
+                await self._api.repeat_event(
+                    pod.namespace, posted.name, message=message, count=posted.count + 1
+                )
+            except ApiError as error:
+                if error.status != 404:
+                    raise
+            else:
+                posted.count += 1
+                return
+        name = await self._api.post_event(
+            pod, event_type="Warning", reason=FAILED_SCHEDULING, message=message
+        )
+        self._failed[pod.uid] = _Posted(name=name, count=1, at=time.monotonic())
+
     def bound(self, pod: PodRef, node: str, placement: Placement | None) -> None:
         self._last.pop(pod.uid, None)
+        self._failed.pop(pod.uid, None)
         message = f"Successfully assigned {pod} to {node}"
         if placement is not None and placement.kind is GpuKind.MEMORY:
             free = format_amount(placement.free_after, placement.unit_mib)
@@ -104,3 +140,4 @@ class Reporter:
 
     def forget(self, uid: PodUid) -> None:
         self._last.pop(uid, None)
+        self._failed.pop(uid, None)

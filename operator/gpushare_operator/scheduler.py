@@ -118,7 +118,9 @@ class Scheduler:
             self._log.debug("held", pod=str(pod.ref), reason=message)
             return
         self._log.info("unschedulable", pod=str(pod.ref), reason=message)
-        self._reporter.unschedulable(pod.ref, message, pod.resource_version)
+        self._reporter.unschedulable(
+            pod.ref, message, pod.resource_version, already=pod.unschedulable
+        )
 
     # -- binding cycle (concurrent) ------------------------------------------------------
 

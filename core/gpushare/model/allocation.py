@@ -286,6 +286,24 @@ def container_env(
     }
 
 
+def unplaced_pods(
+    pods: Iterable[BoundPod], *, kind: GpuKind, schedulers: frozenset[str], count: int = 0
+) -> list[BoundPod]:
+    """Pods on the node, not yet served, that ask for `kind` but that no scheduler of ours
+    placed (no gpu-index, another scheduler, or created with spec.nodeName): never served.
+    With `count`, only those with a container of that many devices."""
+    return [
+        p
+        for p in pods
+        if p.active
+        and not p.assigned
+        and (p.gpu_index is None or p.scheduler not in schedulers or not p.bound)
+        and p.request is not None
+        and p.request.kind is kind
+        and (not count or any(c.amount == count for c in p.request.containers))
+    ]
+
+
 def _no_candidate_message(
     pods: Sequence[BoundPod],
     waiting: Sequence[BoundPod],
@@ -296,15 +314,7 @@ def _no_candidate_message(
     schedulers: frozenset[str],
 ) -> str:
     head = f"no pod bound to node {inventory.node} waits for a container of {count} {kind.value}"
-    unplaced = [
-        p
-        for p in pods
-        if p.active
-        and not p.assigned
-        and (p.gpu_index is None or p.scheduler not in schedulers or not p.bound)
-        and p.request is not None
-        and p.request.kind is kind
-    ]
+    unplaced = unplaced_pods(pods, kind=kind, schedulers=schedulers)
     if unplaced:
         names = ", ".join(f"{p.ref} (schedulerName {p.scheduler!r})" for p in unplaced[:3])
         return (

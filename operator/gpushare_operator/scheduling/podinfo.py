@@ -60,6 +60,8 @@ class PodInfo:
     """The device plugin has served it (gpu-assigned is "true")."""
     resource_version: int | None
     """None where the version is not a number (then event order is trusted)."""
+    unschedulable: bool = False
+    """Its PodScheduled condition is False (a report only updates the message)."""
 
     @property
     def uid(self) -> PodUid:
@@ -129,6 +131,9 @@ class PodInfo:
             priority=priority if isinstance(priority, int) else 0,
             assigned=gpu_assigned(annotations),
             resource_version=resource_version(body),
+            unschedulable=any(
+                c.get("status") == "False" for c in body["status"].get("conditions", ())
+            ),
         )
 
     @classmethod

@@ -48,7 +48,15 @@ def slim_pod(body: Body) -> dict[str, Any]:
     return {
         "metadata": _pick(path(body, "metadata"), _POD_METADATA),
         "spec": slim_spec,
-        "status": {"phase": path(body, "status").get("phase")},
+        "status": {
+            "phase": path(body, "status").get("phase"),
+            # PodScheduled alone: whether a report changes the condition or only its message.
+            "conditions": [
+                {"type": c.get("type"), "status": c.get("status")}
+                for c in sequence(path(body, "status").get("conditions"))
+                if c.get("type") == "PodScheduled"
+            ],
+        },
     }
 
 

@@ -164,6 +164,33 @@ async def test_an_unschedulable_pod_is_retried_when_a_node_arrives_without_a_hot
     assert (await bound(core, "big"))["spec"]["nodeName"] == "large"
 
 
+async def test_a_waiting_pod_has_one_failed_scheduling_event_counting_each_new_reason(
+    core: client.CoreV1Api, start_operator: Start
+) -> None:
+    await create_gpu_node(core, FakeGpuNode(name="small", gpu_memory=11178, gpu_number=1))
+    start_operator()
+    await create_pod(core, gpu_pod("big", 40000))
+    first = await unschedulable(core, "big")
+    became = await read_pod(core, "big")
+    await create_gpu_node(core, FakeGpuNode(name="medium", gpu_memory=22356, gpu_number=1))
+
+    async def rediagnosed() -> dict[str, Any] | None:
+        pod = await read_pod(core, "big")
+        (condition,) = [c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled"]
+        return condition if "medium" in condition["message"] else None
+
+    condition = await eventually(rediagnosed, what="a diagnosis naming the new node")
+    (before,) = [c for c in became["status"]["conditions"] if c["type"] == "PodScheduled"]
+    assert condition["lastTransitionTime"] == before["lastTransitionTime"]
+
+    async def counted() -> list[dict[str, Any]] | None:
+        found = [e for e in await events_of(core, "big") if e["reason"] == "FailedScheduling"]
+        return found if found and found[0].get("count") == 2 else None
+
+    (event,) = await eventually(counted, what="the event counted twice")
+    assert event["message"] == condition["message"] != first
+
+
 async def test_gpunode_status_shows_allocation_per_card(
     api: client.ApiClient, core: client.CoreV1Api, start_operator: Start
 ) -> None:

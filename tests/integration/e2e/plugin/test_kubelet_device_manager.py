@@ -167,7 +167,11 @@ async def test_a_pod_not_placed_by_the_operator_fails_to_start_with_a_clear_reas
     await asyncio.to_thread(node.kubelet.wait_capacity, contract.GPU_MEMORY, str(2 * GUIDE_CARD))
     stray = await create_pod(core, gpu_pod("stray", 1024, scheduler="default-scheduler"))
     await bind_pod(core, stray, "n", {})
+    bound_at = time.monotonic()
     line = await asyncio.to_thread(node.kubelet.wait_rejected, "default/stray")
+    # Refused at once (it held the node's admissions 10 s before), not after the watch's
+    # full grace: the plugin sees the pod that no scheduler placed.
+    assert time.monotonic() - bound_at < 2.0
     assert "without volcano.sh/gpu-index" in line["message"]
     assert "schedulerName" in line["message"]
 
