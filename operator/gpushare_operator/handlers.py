@@ -26,13 +26,12 @@ import kopf
 
 from gpushare import kube, logs
 from gpushare.model import GpuShareError, contract
-from gpushare.model.admission import NOTHING
+from gpushare.model.admission import NOTHING, admit
 from gpushare.model.bodies import mapping
 from gpushare_operator.config import from_env
 from gpushare_operator.kubeapi import KubeSchedulerApi
 from gpushare_operator.runtime import Runtime
 from gpushare_operator.webhook import (
-    admit_pod,
     keep_ca_bundle,
     shared_certificate,
     write_serving_files,
@@ -95,7 +94,7 @@ async def gpu_pod_admission(*, body: kopf.Body, patch: kopf.Patch, memo: Any, **
     """Converts a GPU pod's gpu-memory limits to the cluster's unit, or refuses a pod that
     could never run, with the fix (the apiserver shows the message to whoever created it)."""
     try:
-        admitted = admit_pod(dict(body), runtime(memo).config)
+        admitted = admit(dict(body), runtime(memo).config.admission())
     except GpuShareError as error:
         raise kopf.AdmissionError(str(error), code=422) from None
     if admitted != NOTHING:

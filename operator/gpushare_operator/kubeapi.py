@@ -136,8 +136,12 @@ class KubeSchedulerApi:
         *,
         transition: bool,
     ) -> None:
-        condition = {"type": "PodScheduled", "status": "False", "reason": reason}
-        condition["message"] = message
+        condition = {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": reason,
+            "message": message,
+        }
         if transition:  # else the merge keeps the time it became False
             condition["lastTransitionTime"] = rfc3339()
         # Strategic merge: conditions merge by type; the pod's other conditions stay. The

@@ -7,8 +7,8 @@ Service picks answers with a certificate the apiserver trusts. Every replica kee
 configuration's caBundle equal to that CA, checked again every minute (a `kubectl apply` or a
 chart upgrade may reset it). A Secret made for other names is replaced.
 
-The webhook itself (`admit_pod`) runs the model's `admit` with the live configuration; kopf
-serves it (`handlers.py`).
+The webhook itself is the model's `admit` with the live configuration, served by kopf
+(`handlers.gpu_pod_admission`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -31,7 +30,6 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from gpushare import logs
 from gpushare.kube import ApiError
 from gpushare.kube.retry import Backoff
-from gpushare.model.admission import Admitted, admit
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.kubeapi import KubeSchedulerApi
 
@@ -44,11 +42,6 @@ CHECK_INTERVAL_S = 60.0
 MISSING_CHECK_INTERVAL_S = 5.0
 
 log = logs.get("webhook")
-
-
-def admit_pod(pod: dict[str, Any], config: OperatorConfig) -> Admitted:
-    """The changes to make to `pod` at creation, or the model's error naming the fix."""
-    return admit(pod, config.admission())
 
 
 @dataclass(frozen=True, slots=True)
