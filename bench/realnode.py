@@ -5,9 +5,12 @@ the operator):
 - the size in bytes of a pod object (`kubectl get pod -o json`) asking 1024, 16384 and 40960
   MiB, at each unit: the kubelet writes every allocated device id into the pod's status;
 - the largest pod that still runs at 1 MiB per device (Running in the API within a minute);
-- the time the kubelet takes to admit a new pod after a restart with N GPU pods on the node.
+- the time the kubelet takes to admit a new pod after a restart with N GPU pods on the node;
+- a burst: 40 pods of 2048 MiB created at once on the guide's node (8 x 11178 MiB) at the
+  default unit, until all are Running, against 40 pods without a GPU on the same node in the
+  same run (what the kubelet and containerd take on this machine, scheduler aside).
 
-    python bench/realnode.py [--pods 100] [--units 1,64,512] [--json out.json]
+    python bench/realnode.py [--pods 100] [--units 1,64,512] [--burst-only] [--json out.json]
 
 Needs root and the node packages (`make node-packages`).
 """
@@ -21,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +68,22 @@ class Bench:
         self.plugins.append(plugin.start(timeout_s=120))
         return node
 
-    def create(self, name: str, node: str, units: int) -> None:
-        pod = {
+    def create(self, name: str, node: str, units: int | None) -> None:
+        self.create_all([name], node, units)
+
+    def create_all(self, names: list[str], node: str, units: int | None) -> None:
+        """Pods for `node` asking `units` of gpu-memory each (None: no GPU), in one request
+        after another from one kubectl."""
+        pods = [self.pod(name, node, units) for name in names]
+        listed = {"apiVersion": "v1", "kind": "List", "items": pods}
+        result = self.kubectl("create", "-f", "-", stdin=json.dumps(listed))
+        if result.returncode != 0:
+            raise RuntimeError(f"creating {', '.join(names)}: {result.stderr}")
+
+    @staticmethod
+    def pod(name: str, node: str, units: int | None) -> dict[str, Any]:
+        limits = {} if units is None else {"volcano.sh/gpu-memory": str(units)}
+        return {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": name},
@@ -78,18 +96,39 @@ class Bench:
                         "name": "cuda-container",
                         "image": "nvidia/cuda:9.0-devel",
                         "command": ["sleep", "100000"],
-                        "resources": {"limits": {"volcano.sh/gpu-memory": str(units)}},
+                        "resources": {"limits": limits},
                     }
                 ],
             },
         }
-        result = self.kubectl("create", "-f", "-", stdin=json.dumps(pod))
-        if result.returncode != 0:
-            raise RuntimeError(f"creating {name}: {result.stderr}")
+
+    def pods(self) -> dict[str, dict[str, Any]]:
+        listed = json.loads(self.kubectl("get", "pods", "-o", "json").stdout or '{"items":[]}')
+        return {p["metadata"]["name"]: p for p in listed["items"]}
 
     def phases(self) -> dict[str, str]:
-        listed = json.loads(self.kubectl("get", "pods", "-o", "json").stdout or '{"items":[]}')
-        return {p["metadata"]["name"]: p["status"].get("phase", "") for p in listed["items"]}
+        return {name: p["status"].get("phase", "") for name, p in self.pods().items()}
+
+    def milestones(self, names: list[str], timeout_s: float) -> dict[str, float | None]:
+        """Seconds until all `names` were bound, assigned by the device plugin and Running
+        (polled every 0.25 s; None for what did not happen within `timeout_s`)."""
+        steps: dict[str, Callable[[dict[str, Any]], bool]] = {
+            "bound": lambda p: bool(p["spec"].get("nodeName")),
+            "assigned": lambda p: (
+                p["metadata"].get("annotations", {}).get(contract.GPU_ASSIGNED)
+                == contract.GPU_ASSIGNED_TRUE
+            ),
+            "running": lambda p: p["status"].get("phase") == "Running",
+        }
+        reached: dict[str, float | None] = dict.fromkeys(steps)
+        started = time.monotonic()
+        while time.monotonic() - started < timeout_s and None in reached.values():
+            pods = self.pods()
+            for step, done in steps.items():
+                if reached[step] is None and all(n in pods and done(pods[n]) for n in names):
+                    reached[step] = round(time.monotonic() - started, 1)
+            time.sleep(0.25)
+        return reached
 
     def wait_running(self, names: list[str], timeout_s: float) -> float | None:
         """Seconds until all `names` are Running, or None after `timeout_s`."""
@@ -204,11 +243,33 @@ def restart_admission(bench: Bench, unit: int, pods: int) -> dict[str, Any]:
     }
 
 
+def burst_running(bench: Bench, pods: int = 40) -> dict[str, Any]:
+    node = "burst"
+    bench.node(node, "8x11178", contract.DEFAULT_MEMORY_UNIT_MIB)
+    seconds: dict[str, dict[str, float | None]] = {}
+    for kind, units in (
+        ("without_gpu", None),
+        ("gpu_2048_mib", 2048 // contract.DEFAULT_MEMORY_UNIT_MIB),
+    ):
+        names = [f"{kind.replace('_', '-')}-{i}" for i in range(pods)]
+        bench.create_all(names, node, units)
+        seconds[kind] = bench.milestones(names, 300)
+        print(f"burst: {pods} pods {kind}: seconds after the last create {seconds[kind]}")
+        bench.delete_all()
+    plain, gpu = seconds["without_gpu"]["running"], seconds["gpu_2048_mib"]["running"]
+    return {
+        "pods": pods,
+        "seconds_until_all": seconds,
+        "gpu_vs_without_gpu": None if not plain or gpu is None else round(gpu / plain, 2),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=100)
     parser.add_argument("--units", default=f"1,64,{contract.DEFAULT_MEMORY_UNIT_MIB}")
     parser.add_argument("--skip-largest", action="store_true")
+    parser.add_argument("--burst-only", action="store_true", help="only the burst")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     units = [int(u) for u in args.units.split(",")]
@@ -221,10 +282,12 @@ def main() -> int:
     try:
         install_project_at(cluster.plane.kubeconfig)
         operator.start()
-        report["pod_sizes"] = measure_sizes(bench, units)
-        if not args.skip_largest:
-            report["largest_at_1_mib"] = largest_running_pod(bench)
-        report["restart"] = [restart_admission(bench, unit, args.pods) for unit in units]
+        report["burst"] = burst_running(bench)
+        if not args.burst_only:
+            report["pod_sizes"] = measure_sizes(bench, units)
+            if not args.skip_largest:
+                report["largest_at_1_mib"] = largest_running_pod(bench)
+            report["restart"] = [restart_admission(bench, unit, args.pods) for unit in units]
     finally:
         operator.stop()
         for plugin in bench.plugins:

@@ -5,6 +5,7 @@
 Full run (about 30 minutes on 2 cores): placement decisions/s (5,000 nodes x 8 cards);
 packing quality against the L2 bound; operator throughput and create-to-bound latency at
 200, 1,000 and 5,000 fake nodes x 8 cards against the raw Binding rate in the same run;
+bursts of pods created at once, packed live against the model placing them one by one;
 operator start-up rebuild time and memory with 5,000 nodes and 50,000 pods; device-plugin
 Allocate latency with 500 pods on the node and the ListAndWatch message for 8 x 141 GiB; on
 real nodes (the kubelet, containerd, runc; root), the pod's size per device id, the largest
@@ -40,6 +41,7 @@ FULL: dict[str, list[list[str]]] = {
     "operator": [["--nodes", str(n), "--pods", "2000"] for n in (200, 1000, 5000)],
     "scale": [["--nodes", "5000", "--pods", "50000"]],
     "plugin": [["--pods", "500"]],
+    "burst": [["--nodes", "50", "--pods", "400"]],
     "realnode": [["--pods", "100"]],
 }
 QUICK: dict[str, list[list[str]]] = {
@@ -48,6 +50,7 @@ QUICK: dict[str, list[list[str]]] = {
     "operator": [["--nodes", "20", "--pods", "100"]],
     "scale": [["--nodes", "100", "--pods", "1000"]],
     "plugin": [["--pods", "50"]],
+    "burst": [["--nodes", "10", "--pods", "80"]],
 }
 
 

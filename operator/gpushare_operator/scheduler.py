@@ -89,6 +89,7 @@ class Scheduler:
 
     def schedule_one(self, uid: PodUid) -> _Decision | None:
         """Decide for one pod: assume and return the decision, or report why not."""
+        waited_for = self.cache.unreserve(uid)
         pod = self.cache.pending(uid)
         if pod is None:
             self.queue.remove(uid)
@@ -96,7 +97,7 @@ class Scheduler:
         if pod.gated:
             self.queue.park(uid)  # the apiserver refuses to bind gated pods
             return None
-        outcome = plan(self.cache, pod, self._config().policy)
+        outcome = plan(self.cache, pod, self._config().policy, waited_for)
         if isinstance(outcome, Refusal):
             self._unschedulable(uid, pod, outcome)
             return None
@@ -114,6 +115,8 @@ class Scheduler:
         message = refusal.message
         self.queue.park(uid, refusal.retry_in_s, refusal.wake_key)
         self._metrics.attempts.labels("unschedulable").inc()
+        if refusal.waits_for is not None:
+            self.cache.reserve(pod, refusal.waits_for)
         if refusal.quiet:
             self._log.debug("held", pod=str(pod.ref), reason=message)
             return

@@ -153,7 +153,8 @@ def match_container(
     `served` counts the GPU containers of each pod already answered by this plugin. Only
     pods that `schedulers` (the names the gpushare operator serves) bound with a Binding are
     candidates: a `gpu-index` on a pod another scheduler bound, or on one created on the node
-    directly, was not written by ours, and never wins a card.
+    directly, was not written by ours, and never wins a card; while such a pod asks for the
+    same count, nothing is handed out (`_refuse_if_ambiguous`).
     """
     pods = list(pods)
     waiting = [
@@ -182,6 +183,8 @@ def match_container(
         container = order[position]
         if container.amount != count:
             continue
+        if position == 0:  # a part-served pod is surely the one the kubelet is admitting
+            _refuse_if_ambiguous(pod, pods, kind=kind, count=count, schedulers=schedulers)
         cards = _cards_of(pod, kind, pod.request, inventory)
         chosen = _container_cards(order, position, cards) if kind is GpuKind.NUMBER else cards
         allocated_mib = _allocated_mib(pod, container, inventory) if kind is GpuKind.MEMORY else 0
@@ -199,6 +202,31 @@ def match_container(
             pods, waiting, kind=kind, count=count, inventory=inventory, schedulers=schedulers
         )
     )
+
+
+def _refuse_if_ambiguous(
+    candidate: BoundPod,
+    pods: Sequence[BoundPod],
+    *,
+    kind: GpuKind,
+    count: int,
+    schedulers: frozenset[str],
+) -> None:
+    """NoCandidate while a pod no scheduler of ours placed, not yet started, asks for the same
+    count: the call names device ids, never the pod, so it may be for that pod as well as for
+    `candidate`, and a guess would give one pod's card to the other."""
+    unplaced = unplaced_pods(pods, kind=kind, schedulers=schedulers, count=count)
+    if unplaced:
+        names = ", ".join(f"{p.ref} (schedulerName {p.scheduler!r})" for p in unplaced[:3])
+        raise NoCandidate(
+            f"{names} asks for {count} {kind.value} like pod {candidate.ref}, which the gpushare "
+            f"scheduler placed, but without {contract.GPU_INDEX} from it: the kubelet may be "
+            f"starting either, so no card is given on a guess. Delete {unplaced[0].ref} and "
+            f"create it with spec.schedulerName set to one the operator serves (default "
+            f"{contract.DEFAULT_SCHEDULER_NAME!r}) and no spec.nodeName (if the kubelet was "
+            f"starting {candidate.ref}, that pod fails with this message and its controller "
+            f"creates it again)"
+        )
 
 
 def _cards_of(

@@ -13,6 +13,10 @@ A pod's life here, as in kube-scheduler's cache::
 
 An assumed pod counts at once (GPU card, cpu, memory), so the next decision sees it before
 the watch does. A watch event that still shows an assumed pod unbound is stale and ignored.
+
+A pending pod that waits for its best card (held back by the exactness rule for a moment) is
+*reserved* there: its memory counts on that card until it is decided again, so the pods after
+it are decided as if it were placed, as the model places pods one by one in creation order.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from gpushare.model import (
     NodeCheck,
     NodeInventory,
     NodeName,
+    Placement,
     PodRef,
     PodRequest,
     PodUid,
@@ -112,6 +117,7 @@ class SchedulerCache:
         self._requested: dict[NodeName, dict[str, int]] = {}
         self._holders: dict[PodUid, _Holder] = {}
         self._pending: dict[PodUid, PodInfo] = {}
+        self._reserved: dict[PodUid, Placement] = {}
         self._pins = Pins()
 
     # -- nodes and GPUNodes --------------------------------------------------------------
@@ -171,6 +177,8 @@ class SchedulerCache:
 
     def observe_pod(self, pod: PodInfo) -> PodObservation:
         uid = pod.uid
+        if pod.finished or pod.node is not None:
+            self.unreserve(uid)
         if pod.finished:
             self._pending.pop(uid, None)
             return PodObservation(PodChange.GONE if self._release(uid) else PodChange.IGNORED)
@@ -219,6 +227,7 @@ class SchedulerCache:
             return PodChange.IGNORED  # a stale event from before our bind (it is assumed)
         if not self.is_ours(pod) or pod.terminating:
             self._pending.pop(pod.uid, None)
+            self.unreserve(pod.uid)
             return PodChange.IGNORED
         previous = self._pending.get(pod.uid)
         self._pending[pod.uid] = pod
@@ -231,6 +240,7 @@ class SchedulerCache:
     def forget_pod(self, uid: PodUid) -> PodChange:
         """The pod was deleted (its resources are free; pods behind its card may go)."""
         self._pending.pop(uid, None)
+        self.unreserve(uid)
         return PodChange.GONE if self._release(uid) else PodChange.IGNORED
 
     def pending(self, uid: PodUid) -> PodInfo | None:
@@ -257,6 +267,19 @@ class SchedulerCache:
                 pod.ref, plan.node, plan.request.signature, plan.placement.cards, self._clock()
             )
         self._hold(holder)
+
+    def reserve(self, pod: PodInfo, placement: Placement) -> None:
+        """Count a pending pod on the card(s) it waits for, until `unreserve`."""
+        self.ledger.add(placement.allocation(pod.ref))
+        self._reserved[pod.uid] = placement
+
+    def unreserve(self, uid: PodUid) -> Placement | None:
+        """Drop the pod's reservation, if it has one (it is decided again, bound or gone);
+        returns what it had reserved."""
+        placement = self._reserved.pop(uid, None)
+        if placement is not None:
+            self.ledger.release(uid)
+        return placement
 
     def forget_assumed(self, uid: PodUid) -> PodInfo | None:
         """Undo `assume` after a failed bind; the pod is pending again (and returned)."""

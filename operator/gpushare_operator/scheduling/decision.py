@@ -11,8 +11,11 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
 from gpushare.model import (
+    CardCheck,
+    CardIndex,
     Diagnosis,
-    NodeCheck,
+    GpuKind,
+    Ledger,
     NodeName,
     Placement,
     PodRef,
@@ -25,12 +28,14 @@ from gpushare.model.placement import Policy, unit_check
 from gpushare.model.usage import PodUid
 from gpushare_operator.scheduling.cache import SchedulerCache
 from gpushare_operator.scheduling.exactness import ExactnessCheck
-from gpushare_operator.scheduling.podinfo import PodInfo
+from gpushare_operator.scheduling.podinfo import Demand, PodInfo
 
 QUIET_WAIT_S = 5.0
-"""A pod held back only by the exactness rule is not reported unschedulable until the pod it
-waits for has been unassigned this long: the kubelet's Allocate normally follows a bind within
-a second, so a shorter wait is the rule working, not a problem worth an event."""
+"""How long a pod whose best card is held back by the exactness rule waits for it, quietly:
+the kubelet's Allocate normally follows a bind within a second, so the pod gets the card the
+model gives it (one by one, in order) instead of a worse one elsewhere. After that the pod
+takes the next best card that the rule allows, or, if there is none, is reported
+unschedulable."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +46,8 @@ class Refusal:
     """The request signature: an assignment of a pod with it may let this one go."""
     quiet: bool = False
     """Only the exactness rule holds it, briefly (`QUIET_WAIT_S`): nothing to report."""
+    waits_for: Placement | None = None
+    """Quiet: the best placement it waits for (reserved meanwhile, `SchedulerCache.reserve`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,58 +61,92 @@ class Plan:
     """Earlier pods of the same request whose assignment wait ran out (logged)."""
 
 
-def plan(cache: SchedulerCache, pod: PodInfo, policy: Policy) -> Plan | Refusal:
+def plan(
+    cache: SchedulerCache, pod: PodInfo, policy: Policy, waited_for: Placement | None = None
+) -> Plan | Refusal:
+    """Where `pod` goes now, or why not. `waited_for`: the placement the pod was reserved
+    while it waited (`SchedulerCache.reserve`, dropped before this call); still its best while
+    it fits, since the pods decided meanwhile were decided around it."""
     if pod.demand is None:
         return Refusal(f"pod {pod.ref} is already bound to node {pod.node}")
     if isinstance(pod.demand, str):
         return Refusal(pod.demand)
-    request, needs, unit_mib = pod.demand.request, pod.demand.needs, pod.demand.unit_mib
+    request, needs = pod.demand.request, pod.demand.needs
     if request.kind is None:
         chosen = choose_node(cache.facts(), cache.requested, needs)
         if isinstance(chosen, Diagnosis):
             return Refusal(chosen.summary())
         return Plan(node=chosen, placement=None, request=request, needs=needs)
+    return _place(cache, pod.demand, policy, waited_for)
+
+
+def _place(
+    cache: SchedulerCache, demand: Demand, policy: Policy, waited_for: Placement | None
+) -> Plan | Refusal:
+    """The best card(s) for a GPU pod; while the exactness rule holds them, a quiet wait
+    (`QUIET_WAIT_S`), then the next best."""
+    request, needs = demand.request, demand.needs
     exactness = cache.card_check(request)
-    node_check = unit_check(cache.ledger, unit_mib, cache.node_check(needs))
-    result = find_placement(
+    node_check = unit_check(cache.ledger, demand.unit_mib, cache.node_check(needs))
+    best = None
+    if waited_for is not None:
+        best = find_placement(
+            cache.ledger, request, policy, node_check=node_check, card_check=_only(waited_for)
+        )
+    best = best or find_placement(cache.ledger, request, policy, node_check=node_check)
+    if best is None:
+        summary = diagnose(cache.ledger, request, node_check, exactness).summary()
+        return Refusal(summary, exactness.first_wait_ends_in, request.signature)
+    held = next(filter(None, (exactness(best.node, card) for card in best.cards)), None)
+    if held is None:
+        return _plan(best, request, needs, exactness)
+    other = find_placement(
         cache.ledger, request, policy, node_check=node_check, card_check=exactness
     )
-    if result is None:
-        # Retried when an assignment wait that held a card back runs out, at the latest.
-        message, held = why_not(cache, request, node_check, exactness, policy)
-        retry_in_s = exactness.first_wait_ends_in
-        quiet = held and exactness.longest_wait_s < QUIET_WAIT_S
-        if quiet:  # decided again when it is no longer quiet, to report it then
-            retry_in_s = min(retry_in_s or QUIET_WAIT_S, QUIET_WAIT_S - exactness.longest_wait_s)
-        return Refusal(message, retry_in_s, request.signature, quiet=quiet)
+    if other is not None and _as_good(cache.ledger, best, other):
+        return _plan(other, request, needs, exactness)  # nothing worth waiting for
+    where = f"{best.node} card {','.join(map(str, best.cards))}"
+    waited_s = exactness.longest_wait_s
+    if waited_s < QUIET_WAIT_S:  # the assignment it waits for wakes it; else retried then
+        message = f"waiting for its best fit, {where}: {held}"
+        return Refusal(
+            message, QUIET_WAIT_S - waited_s, request.signature, quiet=True, waits_for=best
+        )
+    if other is not None:  # the kubelet is slow to admit the pod it waits for
+        return _plan(other, request, needs, exactness)
+    nodes = len(cache.ledger.nodes()) + len(cache.ledger.nodes_without_gpu())
+    message = f"0/{nodes} nodes are available now; the best fit is {where}, {held}"
+    return Refusal(message, exactness.first_wait_ends_in, request.signature)
+
+
+def _as_good(ledger: Ledger, best: Placement, other: Placement) -> bool:
+    """Whether `other` leaves the cluster as `best` would, but for names: a gpu-memory card
+    with the same free memory, both idle or both in use. Best-fit's later choices then see
+    the same free amounts, and the cards in use and the memory stranded come out the same
+    (a burst of one size over many like nodes goes on without waiting for any kubelet)."""
+    if best.kind is not GpuKind.MEMORY:
+        return False
+    chosen, alternative = ledger.nodes()[best.node], ledger.nodes()[other.node]
+    a, b = chosen.cards[best.cards[0]], alternative.cards[other.cards[0]]
+    return a.free == b.free and bool(a.pods) == bool(b.pods)
+
+
+def _only(placement: Placement) -> CardCheck:
+    def check(node: NodeName, card: CardIndex) -> str | None:
+        if node == placement.node and card in placement.cards:
+            return None
+        return "not the card the pod waited for"
+
+    return check
+
+
+def _plan(
+    placement: Placement, request: PodRequest, needs: PodNeeds, exactness: ExactnessCheck
+) -> Plan:
     return Plan(
-        node=result.node,
-        placement=result,
+        node=placement.node,
+        placement=placement,
         request=request,
         needs=needs,
         expired=dict(exactness.expired),
     )
-
-
-def why_not(
-    cache: SchedulerCache,
-    request: PodRequest,
-    node_check: NodeCheck,
-    exactness: ExactnessCheck,
-    policy: Policy,
-) -> tuple[str, bool]:
-    """The message for a pod that fits nowhere now, and whether only the exactness rule holds
-    it. When it would fit but for the rule (a burst of same-size pods waiting for the
-    kubelets), say so directly: a full diagnosis visits every card, too dear to repeat for
-    each of them."""
-    ledger = cache.ledger
-    blocked = find_placement(ledger, request, policy, node_check=node_check)
-    if blocked is not None:
-        card = blocked.cards[0]
-        message = (
-            f"0/{len(ledger.nodes()) + len(ledger.nodes_without_gpu())} nodes are "
-            f"available now; the best fit is {blocked.node} card {card}, "
-            f"{exactness(blocked.node, card)}"
-        )
-        return message, True
-    return diagnose(ledger, request, node_check, exactness).summary(), False

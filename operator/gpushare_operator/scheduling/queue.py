@@ -1,7 +1,9 @@
 """The scheduling queue: which pending pod is tried next, and when a failed one is retried.
 
 Three places, as in kube-scheduler's PriorityQueue:
-- active: ready now; higher `spec.priority` first, then first come, first served;
+- active: ready now; higher `spec.priority` first, then first come, first served (by when
+  the pod first came, so a pod tried again keeps its place before later ones: a burst is
+  placed in creation order, as the model places it one by one);
 - backoff: a bind failed; retried after 1 s, 2 s, 4 s ... up to the maximum;
 - parked: unschedulable; retried when the cluster changes in a way that could help (`wake`:
   a node changed, a pod went away or was assigned, a GPUNode changed) or, at the latest,
@@ -45,7 +47,8 @@ class SchedulingQueue:
         self._config = config
         self._clock = clock
         self._order = itertools.count()
-        self._active: list[tuple[int, int, PodUid]] = []
+        self._active: list[tuple[int, int, int, PodUid]] = []
+        self._arrival: dict[PodUid, int] = {}
         self._in_active: dict[PodUid, int] = {}
         self._backoff: list[tuple[float, int, PodUid]] = []
         self._ready_at: dict[PodUid, float] = {}
@@ -73,6 +76,7 @@ class SchedulingQueue:
         self._priority.pop(uid, None)
         self._wake_keys.pop(uid, None)
         self._tried_at.pop(uid, None)
+        self._arrival.pop(uid, None)
 
     def backoff(self, uid: PodUid) -> float:
         """Retry after an error; returns the delay."""
@@ -136,7 +140,7 @@ class SchedulingQueue:
                 del self._parked[uid]
                 self._activate(uid)
         while self._active:
-            _, order, uid = heapq.heappop(self._active)
+            _, _, order, uid = heapq.heappop(self._active)
             if self._in_active.get(uid) == order:
                 del self._in_active[uid]
                 self._tried_at[uid] = now
@@ -167,6 +171,7 @@ class SchedulingQueue:
 
     def _activate(self, uid: PodUid) -> None:
         order = next(self._order)
+        arrival = self._arrival.setdefault(uid, order)
         self._in_active[uid] = order
-        heapq.heappush(self._active, (-self._priority.get(uid, 0), order, uid))
+        heapq.heappush(self._active, (-self._priority.get(uid, 0), arrival, order, uid))
         self._changed.set()

@@ -275,3 +275,33 @@ def test_a_pod_created_on_the_node_directly_never_wins_a_card() -> None:
     del pod["status"]["conditions"]  # spec.nodeName at creation: no Binding, no PodScheduled
     with pytest.raises(NoCandidate, match="default/direct"):
         match_container([bound_pod(pod)], {}, kind=MEMORY, count=10, inventory=inventory([100]))
+
+
+def test_no_card_is_given_on_a_guess_while_a_bypassing_pod_asks_for_the_same_count() -> None:
+    direct = gpu_pod("direct", 10, node="n", uid="direct")
+    del direct["status"]["conditions"]  # spec.nodeName at creation, no gpu-index
+    pods = [placed("ours", 10), bound_pod(direct)]
+    with pytest.raises(NoCandidate) as refusal:
+        match_container(pods, {}, kind=MEMORY, count=10, inventory=inventory([100]))
+    assert str(refusal.value).startswith(
+        "default/direct (schedulerName 'volcano') asks for 10 volcano.sh/gpu-memory like pod "
+        "default/ours, which the gpushare scheduler placed"
+    )
+    # Another count is not ambiguous; nor is the bypassing pod once the kubelet refused it.
+    grant = match_container(
+        [placed("ours", 20), bound_pod(direct)],
+        {},
+        kind=MEMORY,
+        count=20,
+        inventory=inventory([100]),
+    )
+    assert grant.pod.name == "ours"
+    direct["status"]["phase"] = "Failed"
+    grant = match_container(
+        [placed("ours", 10), bound_pod(direct)],
+        {},
+        kind=MEMORY,
+        count=10,
+        inventory=inventory([100]),
+    )
+    assert grant.pod.name == "ours"

@@ -32,6 +32,17 @@ def test_higher_priority_first_then_first_come_first_served() -> None:
     assert [q.pop_ready(), q.pop_ready(), q.pop_ready(), q.pop_ready()] == ["b", "a", "c", None]
 
 
+def test_a_woken_pod_keeps_its_place_before_pods_that_came_later() -> None:
+    q = queue(Clock())
+    q.add(uid("first"))
+    assert q.pop_ready() == "first"
+    q.park(uid("first"), wake_key="2048 MiB")
+    q.add(uid("second"))
+    q.add(uid("third"))
+    q.wake("2048 MiB")
+    assert [q.pop_ready(), q.pop_ready(), q.pop_ready()] == ["first", "second", "third"]
+
+
 def test_a_failed_bind_backs_off_exponentially_up_to_the_maximum() -> None:
     clock = Clock()
     q = queue(clock)

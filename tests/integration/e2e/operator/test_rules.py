@@ -70,6 +70,41 @@ async def test_a_same_size_pod_waits_quietly_for_the_earlier_one_to_be_assigned(
     assert [e["reason"] for e in await events_of(core, "b")] == ["Scheduled"]
 
 
+async def test_a_same_size_pod_waits_for_its_best_card_instead_of_a_worse_one_elsewhere(
+    core: client.CoreV1Api, start_operator: Start
+) -> None:
+    await create_gpu_node(core, FakeGpuNode(name="n", gpu_memory=20000, gpu_number=2))
+    await create_gpu_node(core, FakeGpuNode(name="m", gpu_memory=30000, gpu_number=1))
+    start_operator()
+    await create_pod(core, gpu_pod("a", 6000))
+    assert (await bound(core, "a"))["spec"]["nodeName"] == "n"
+    # Best fit is n's card 1 (4000 MiB left), held back until a is assigned; m's card would
+    # leave 24000 MiB stranded beside it.
+    await create_pod(core, gpu_pod("b", 6000))
+    await asyncio.sleep(1.0)
+    assert (await read_pod(core, "b"))["spec"].get("nodeName") is None
+    await mark_assigned(core, "a")
+    placed = await bound(core, "b")
+    assert (placed["spec"]["nodeName"], gpu_index(placed)) == ("n", "1")
+    assert [e["reason"] for e in await events_of(core, "b")] == ["Scheduled"]
+
+
+async def test_a_pod_whose_best_card_stays_held_back_takes_the_next_best_after_a_while(
+    core: client.CoreV1Api, start_operator: Start
+) -> None:
+    await create_gpu_node(core, FakeGpuNode(name="n", gpu_memory=20000, gpu_number=2))
+    await create_gpu_node(core, FakeGpuNode(name="m", gpu_memory=30000, gpu_number=1))
+    start_operator()
+    await create_pod(core, gpu_pod("a", 6000))
+    await bound(core, "a")
+    started = time.monotonic()
+    await create_pod(core, gpu_pod("b", 6000))  # a is never assigned: no device plugin runs
+    placed = await bound(core, "b", timeout_s=20)
+    assert (placed["spec"]["nodeName"], gpu_index(placed)) == ("m", "0")
+    assert time.monotonic() - started >= 4.5  # the quiet wait, 5 s
+    assert [e["reason"] for e in await events_of(core, "b")] == ["Scheduled"]
+
+
 async def test_a_pod_held_back_longer_than_a_kubelet_takes_is_reported(
     core: client.CoreV1Api, start_operator: Start
 ) -> None:

@@ -29,13 +29,14 @@ from typing import Any, cast
 import aiohttp
 import pytest
 import pytest_asyncio
-from cluster import create_pod, eventually, gpu_index, gpu_pod, read_pod
+from cluster import create_pod, events_of, eventually, gpu_index, gpu_pod, read_pod
 from kubernetes_asyncio import client
 
 from gpushare import kube
 from gpushare.kube import raw_json
 from gpushare.model import contract
 from gpushare_harness import nodeteardown
+from gpushare_harness.burst import BurstWatch, inventories, live_packing, model_packing
 from gpushare_harness.crds import install_project_at
 from gpushare_harness.operator import OperatorProcess
 from gpushare_harness.plugin import PluginProcess
@@ -518,3 +519,29 @@ async def test_after_a_kubelet_restart_with_100_gpu_pods_a_new_pod_is_admitted_w
     await running(core, "newcomer", timeout_s=120)
     waited = time.monotonic() - created
     assert waited <= RESTART_ADMISSION_S, f"admitted {waited:.1f} s after creation"
+
+
+async def test_a_burst_of_same_size_pods_runs_each_on_the_card_its_annotation_names(
+    real: Cluster, core: client.CoreV1Api
+) -> None:
+    names = [f"burst-{i:02d}" for i in range(15)]  # three cards' worth, five per card
+    seen = BurstWatch("default", len(names))
+    ready = asyncio.Event()
+    async with await kube.api_client(real.kubeconfig) as api:
+        watcher = asyncio.create_task(seen.run(api, ready))
+        await ready.wait()
+        try:
+            await asyncio.gather(*(create_pod(core, on(real.guide, n, 2048)) for n in names))
+            await asyncio.wait_for(seen.all_assigned.wait(), timeout=60)
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        pods = [await running(core, name) for name in names]
+        cluster = [i for i in await inventories(api) if i.node == real.guide.real.name]
+    assert live_packing(cluster, pods).used == model_packing(cluster, seen.ordered(pods)).used
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        assert gpu_env(await exec_env(real, name)) == guide_env(gpu_index(pod), 2048)
+        reasons = [e["reason"] for e in await events_of(core, name)]
+        assert "FailedScheduling" not in reasons, name
+    assert not seen.reported

@@ -1,0 +1,116 @@
+"""One decision against the scheduler cache: a pod whose best card is held back by the
+exactness rule waits for it, briefly, rather than taking a worse card elsewhere."""
+
+from __future__ import annotations
+
+from builders import capacity_node, gpu_pod
+
+from gpushare.model import CardIndex, NodeName, Policy
+from gpushare_operator.config import OperatorConfig
+from gpushare_operator.scheduling.cache import SchedulerCache
+from gpushare_operator.scheduling.decision import QUIET_WAIT_S, Plan, Refusal, plan
+from gpushare_operator.scheduling.podinfo import PodInfo
+
+CONFIG = OperatorConfig(scheduler_names=frozenset({"volcano"}), assignment_timeout_s=60)
+
+
+def two_nodes(clock: list[float], other: tuple[str, int, int] = ("m", 30000, 1)) -> SchedulerCache:
+    """n: two cards of 10000; m: one card of 30000 (or `other`: name, memory, cards). An
+    unassigned 6000 pod holds n's card 0."""
+    cache = SchedulerCache(config=lambda: CONFIG, clock=lambda: clock[0])
+    for name, memory, cards in (("n", 20000, 2), other):
+        node = capacity_node(name, memory, cards)
+        node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+        node["status"]["allocatable"] = {**node["status"]["capacity"], "pods": "110"}
+        cache.observe_node(node)
+    cache.observe_pod(PodInfo.parse(gpu_pod("a", 6000, node="n", index="0", uid="ua")))
+    return cache
+
+
+def decide(cache: SchedulerCache, name: str, mib: int) -> Plan | Refusal:
+    pod = PodInfo.parse(gpu_pod(name, mib, uid=f"u{name}"))
+    cache.observe_pod(pod)
+    return plan(cache, pod, Policy.BESTFIT)
+
+
+def where(outcome: Plan | Refusal) -> tuple[str, tuple[int, ...]]:
+    assert isinstance(outcome, Plan), outcome
+    assert outcome.placement is not None
+    return outcome.node, outcome.placement.cards
+
+
+def test_a_pod_waits_quietly_for_its_best_card_rather_than_taking_a_worse_one() -> None:
+    clock = [1000.0]
+    cache = two_nodes(clock)
+    held = decide(cache, "b", 6000)  # best fit: n card 1 (4000 left), not m card 0 (24000)
+    assert isinstance(held, Refusal)
+    assert held.quiet
+    assert held.message.startswith("waiting for its best fit, n card 1: held back until pod")
+    assert held.retry_in_s == QUIET_WAIT_S
+    assert held.wake_key is not None
+    assignment = gpu_pod("a", 6000, node="n", index="0", uid="ua")
+    assignment["metadata"]["annotations"]["volcano.sh/gpu-assigned"] = "true"
+    cache.observe_pod(PodInfo.parse(assignment))
+    assert where(decide(cache, "b", 6000)) == ("n", (1,))
+
+
+def test_a_pod_held_back_past_the_quiet_wait_takes_the_next_best_card() -> None:
+    clock = [1000.0]
+    cache = two_nodes(clock)
+    assert isinstance(decide(cache, "b", 6000), Refusal)
+    clock[0] += QUIET_WAIT_S
+    assert where(decide(cache, "b", 6000)) == ("m", (0,))
+
+
+def test_a_pod_held_back_takes_an_equally_good_card_elsewhere_without_waiting() -> None:
+    cache = two_nodes([1000.0], other=("n2", 20000, 2))
+    # n's card 1 and n2's card 0 are both idle cards of 10000: either leaves the same free
+    # memory behind, so waiting for n's would gain nothing.
+    assert where(decide(cache, "b", 6000)) == ("n2", (0,))
+
+
+def test_other_sizes_are_not_held_back() -> None:
+    cache = two_nodes([1000.0])
+    assert where(decide(cache, "c", 5000)) == ("n", (1,))
+
+
+def test_past_the_quiet_wait_with_nowhere_else_the_pod_is_reported_with_its_best_fit() -> None:
+    clock = [1000.0]
+    cache = two_nodes(clock)
+    cache.observe_pod(PodInfo.parse(gpu_pod("big", 30000, node="m", index="0", uid="ubig")))
+    clock[0] += QUIET_WAIT_S
+    refused = decide(cache, "b", 6000)
+    assert isinstance(refused, Refusal)
+    assert not refused.quiet
+    assert refused.message == (
+        "0/2 nodes are available now; the best fit is n card 1, held back until pod "
+        "default/a (same request, card 0) is assigned by the device plugin"
+    )
+
+
+def test_a_waiting_pod_keeps_its_card_for_itself_until_it_is_decided_again() -> None:
+    cache = two_nodes([1000.0])
+    waiting = PodInfo.parse(gpu_pod("b", 6000, uid="ub"))
+    cache.observe_pod(waiting)
+    held = plan(cache, waiting, Policy.BESTFIT)
+    assert isinstance(held, Refusal)
+    assert held.waits_for is not None
+    cache.reserve(waiting, held.waits_for)
+    # n's card 1 is promised to b: a later pod that would fit only beside it goes elsewhere.
+    assert where(decide(cache, "c", 8000)) == ("m", (0,))
+    cache.unreserve(waiting.uid)
+    assert where(decide(cache, "c", 8000)) == ("n", (1,))
+
+
+def test_a_reservation_ends_when_the_pod_is_bound() -> None:
+    cache = two_nodes([1000.0])
+    waiting = PodInfo.parse(gpu_pod("b", 6000, uid="ub"))
+    cache.observe_pod(waiting)
+    held = plan(cache, waiting, Policy.BESTFIT)
+    assert isinstance(held, Refusal)
+    assert held.waits_for is not None
+    cache.reserve(waiting, held.waits_for)
+    cache.observe_pod(PodInfo.parse(gpu_pod("b", 6000, node="m", index="0", uid="ub")))
+    usage = cache.ledger.node(NodeName("n"))
+    assert usage is not None
+    assert usage.cards[CardIndex(1)].used == 0
