@@ -197,6 +197,25 @@ async def test_a_pod_not_placed_by_the_operator_fails_to_start_with_a_clear_reas
     assert not node.kubelet.started("default/lost")
 
 
+async def test_a_bypassing_pod_never_takes_the_card_of_a_placed_pod_of_the_same_size(
+    core: client.CoreV1Api, gpu_node: Callable[..., Any], start_operator: Callable[..., Any]
+) -> None:
+    node = await gpu_node("n", "2x11178")
+    await asyncio.to_thread(node.kubelet.wait_capacity, contract.GPU_MEMORY, str(2 * GUIDE_CARD))
+    start_operator()
+    # Created on the node directly, just before a pod the operator places, same size: the
+    # kubelet's Allocate could be for either, and the plugin must not guess.
+    await create_pod(core, gpu_pod("bypass", 1024, scheduler="default-scheduler", nodeName="n"))
+    await create_pod(core, gpu_pod("good", 1024))
+    created = time.monotonic()
+    refused = await asyncio.to_thread(node.kubelet.wait_rejected, "default/bypass")
+    assert "default/bypass (schedulerName 'default-scheduler')" in refused["message"]
+    line = await started(node, "good")
+    assert time.monotonic() - created < 3.0  # the good pod is not held up by it
+    assert line["envs"] == guide_env(gpu_index(await read_pod(core, "good")), 1024)
+    assert not node.kubelet.started("default/bypass")
+
+
 async def test_a_kubelet_restart_makes_the_plugin_register_again(
     core: client.CoreV1Api, gpu_node: Callable[..., Any], start_operator: Callable[..., Any]
 ) -> None:
