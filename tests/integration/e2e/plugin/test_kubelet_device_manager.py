@@ -212,7 +212,9 @@ async def test_a_bypassing_pod_never_takes_the_card_of_a_placed_pod_of_the_same_
     assert "default/bypass (schedulerName 'default-scheduler')" in refused["message"]
     line = await started(node, "good")
     assert time.monotonic() - created < 3.0  # the good pod is not held up by it
-    assert line["envs"] == guide_env(gpu_index(await read_pod(core, "good")), 1024)
+    card = gpu_index(await read_pod(core, "good"))
+    assert card is not None
+    assert line["envs"] == guide_env(card, 1024)
     assert not node.kubelet.started("default/bypass")
 
 
