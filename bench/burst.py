@@ -26,7 +26,6 @@ import asyncio
 import json
 import platform
 import random
-import shutil
 import sys
 import tempfile
 import time
@@ -40,9 +39,9 @@ from gpushare.model import contract
 from gpushare_harness import ControlPlane, FakeGpuNode, create_gpu_node
 from gpushare_harness.burst import BurstWatch, inventories, live_packing, model_packing
 from gpushare_harness.crds import install_crds
+from gpushare_harness.devicenode import DeviceNode, start_device_node
 from gpushare_harness.kubelet import KubeletHarness
 from gpushare_harness.operator import OperatorProcess
-from gpushare_harness.plugin import PluginProcess
 from gpushare_harness.standin import act_as_device_plugins
 
 UNIT = contract.DEFAULT_MEMORY_UNIT_MIB
@@ -140,39 +139,18 @@ async def burst(
 
 async def demo_nodes(workdir: Path) -> dict[str, Any]:
     plane = ControlPlane(workdir / "demo").start()
-    started: list[PluginProcess | KubeletHarness | OperatorProcess] = []
-    folders: list[Path] = []
+    nodes: list[DeviceNode] = []
+    operator = OperatorProcess(
+        plane.kubeconfig, workdir / "demo-operator.log", env={"GPUSHARE_LEADER_ELECT": "false"}
+    )
     try:
         async with await kube.api_client(plane.kubeconfig) as api:
             core = client.CoreV1Api(api)
             await install_crds(api)
-            kubelets = []
             for name, cards in DEMO_NODES:
-                await create_gpu_node(core, FakeGpuNode(name=name, gpu_memory=0, gpu_number=0))
-                folder = Path(tempfile.mkdtemp(prefix=f"dp-{name}-"))
-                folders.append(folder)
-                kubelet = KubeletHarness(
-                    node=name,
-                    kubeconfig=plane.kubeconfig,
-                    plugin_dir=folder,
-                    log=workdir / f"{name}-kubelet.log",
-                ).start()
-                started.append(kubelet)
-                kubelets.append(kubelet)
-                plugin = PluginProcess(
-                    node=name,
-                    kubeconfig=plane.kubeconfig,
-                    socket_dir=folder,
-                    fake_gpus=cards,
-                    log=workdir / f"{name}-plugin.log",
-                )
-                started.append(plugin.start())
-            operator = OperatorProcess(
-                plane.kubeconfig,
-                workdir / "demo-operator.log",
-                env={"GPUSHARE_LEADER_ELECT": "false"},
-            )
-            started.append(operator.start())
+                nodes.append(await start_device_node(core, plane.kubeconfig, name, cards, workdir))
+            kubelets = [node.kubelet for node in nodes]
+            operator.start()
             rng = random.Random(11)
             mixed = [rng.choice((512, 1024, 2048, 4096, 8192)) // UNIT for _ in range(40)]
             results = {}
@@ -188,10 +166,9 @@ async def demo_nodes(workdir: Path) -> dict[str, Any]:
                 await wait_empty(core, namespace)
             return results
     finally:
-        for process in reversed(started):
-            process.stop()
-        for folder in folders:
-            shutil.rmtree(folder, ignore_errors=True)
+        operator.stop()
+        for node in nodes:
+            node.stop()
         plane.stop()
 
 

@@ -1,50 +1,73 @@
-"""Operator throughput and create-to-bound latency on the real local control plane.
-
+"""The operator against kube-scheduler on the same apiserver, and the apiserver's own limit.
 A benchmark, not a test: it prints a table and writes JSON; nothing asserts on time.
 
-    python bench/operator.py [--nodes 200] [--cards 8] [--pods 2000]
+    python bench/operator.py [--nodes 200] [--cards 8] [--pods 2000] [--single 50]
 
-In one run, on one fresh control plane with N fake nodes x 8 cards (11178 MiB):
-1. raw: the rate at which a minimal client binds pre-created pods with the same Binding
-   (annotations and UID precondition), 32 in flight: the limit of this machine's apiserver;
-2. backlog: the operator starts with P pods pending and binds them all; pods bound per second
-   from its sync to the last bind, as seen by a watch;
-Bound pods are marked `gpu-assigned` as the device plugins would mark them (the same API load).
-3. stream: with the operator running, P new pods are created as fast as a client can (16 in
-   flight); create-to-bound latency per pod (client's create answer to the watch's bind),
-   p50 and p99.
+One fresh control plane with N fake nodes x 8 cards (11178 MiB); then, one after another,
+each scheduler alone on it (the pods of the one before deleted):
+- raw: how fast the apiserver takes Bindings (the same Binding as the operator's, UID
+  precondition and annotations) from a client that is not the limit: two processes of their
+  own, 32 Bindings in flight each, binding P pods created beforehand;
+- kube-scheduler (v1.36.3, built from the pinned module, its own profile name), once with its
+  client limit raised to 5,000 requests/s so that the apiserver is the limit, once at its
+  default (50/s); it places the pods by the nodes' `volcano.sh/gpu-memory` totals only;
+- the operator (`python -m gpushare_operator`), with a stand-in in a process of its own that
+  marks bound pods `gpu-assigned` as the device plugins would.
+For each: backlog (P pods pending before it starts; pods bound per second from its first
+bind to its last, and its CPU seconds per 1,000 pods over that time), burst (P pods created
+while it runs, 32 creates in flight; pods bound per second from the first create, and
+create-to-bound p50 and p99), single pods (created one at a time into the idle cluster, 5 s
+after the burst, create-to-bound p50 and p99), and its resident memory at the end. Times are
+seen by one watch in this process.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from kubernetes_asyncio import client, watch
 
 from gpushare import kube
 from gpushare.model import contract
 from gpushare_harness import ControlPlane, FakeGpuNode, create_gpu_node
+from gpushare_harness.binaries import ensure_binaries
+from gpushare_harness.controlplane import free_port
 from gpushare_harness.crds import install_crds
 from gpushare_harness.operator import OperatorProcess
 from gpushare_harness.standin import act_as_device_plugins
 
 CARD_MIB = 11178
+IN_FLIGHT = 32
+RAW_PROCESSES = 2
+KUBE_SCHEDULER_RAISED_QPS = 5000
+QUIET_S = 5.0
 
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / 100  # utime, stime in clock ticks
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
 
 
 def pod(name: str, scheduler: str) -> dict[str, Any]:
@@ -66,84 +89,275 @@ def pod(name: str, scheduler: str) -> dict[str, Any]:
 
 
 async def create_pods(
-    core: client.CoreV1Api,
-    namespace: str,
-    names: list[str],
-    *,
-    scheduler: str,
-    in_flight: int,
-    created: dict[str, float] | None = None,
-) -> list[str]:
-    """Creates the pods; returns their uids (and records when each create was answered)."""
-    limit = asyncio.Semaphore(in_flight)
-    uids: list[str] = []
+    core: client.CoreV1Api, namespace: str, names: list[str], scheduler: str
+) -> dict[str, float]:
+    """Creates the pods, IN_FLIGHT at a time; returns when each create was answered."""
+    limit = asyncio.Semaphore(IN_FLIGHT)
+    created: dict[str, float] = {}
 
     async def one(name: str) -> None:
         async with limit:
-            body = await kube.raw_json(
+            await kube.raw_json(
                 core.create_namespaced_pod(
                     namespace, cast(client.V1Pod, pod(name, scheduler)), _preload_content=False
                 )
             )
-            if created is not None:
-                created[name] = time.monotonic()
-            uids.append(body["metadata"]["uid"])
+            created[name] = time.monotonic()
 
     await asyncio.gather(*(one(name) for name in names))
-    return uids
+    return created
 
 
-async def raw_bind_rate(core: client.CoreV1Api, namespace: str, count: int, nodes: int) -> float:
-    names = [f"raw-{i}" for i in range(count)]
-    await create_pods(core, namespace, names, scheduler="nobody", in_flight=32)
-    listed = await kube.raw_json(core.list_namespaced_pod(namespace, _preload_content=False))
-    uid = {p["metadata"]["name"]: p["metadata"]["uid"] for p in listed["items"]}
-    limit = asyncio.Semaphore(32)
+@dataclass
+class Binds:
+    """When the watch first showed each pod of the benchmark bound (monotonic)."""
 
-    async def bind(number: int, name: str) -> None:
-        body = {
-            "apiVersion": "v1",
-            "kind": "Binding",
-            "metadata": {
-                "name": name,
-                "uid": uid[name],
-                "annotations": {
-                    contract.GPU_INDEX: str(number % 8),
-                    contract.PREDICATE_TIME: str(time.time_ns()),
-                },
-            },
-            "target": {"apiVersion": "v1", "kind": "Node", "name": f"node-{number % nodes:04d}"},
-        }
-        async with limit:
-            await kube.raw_json(
-                core.create_namespaced_pod_binding(
-                    name, namespace, cast(client.V1Binding, body), _preload_content=False
-                )
-            )
+    at: dict[str, float] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    on_bind: Callable[[], None] | None = None
 
-    started = time.monotonic()
-    await asyncio.gather(*(bind(i, name) for i, name in enumerate(names)))
-    return count / (time.monotonic() - started)
+    async def watch(self, api: client.ApiClient, ready: asyncio.Event) -> None:
+        core = client.CoreV1Api(api)
+        async with watch.Watch() as stream:
+            ready.set()
+            async for event in stream.stream(
+                core.list_pod_for_all_namespaces, _request_timeout=3600
+            ):
+                obj = event["raw_object"]
+                key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
+                if obj["spec"].get("nodeName") and key not in self.at:
+                    self.at[key] = time.monotonic()
+                    if self.on_bind is not None:
+                        self.on_bind()
+                    self.changed.set()
+
+    async def wait(self, keys: list[str], timeout_s: float = 900) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not all(k in self.at for k in keys):
+            self.changed.clear()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sum(1 for k in keys if k not in self.at)
+                raise TimeoutError(f"{missing} of {len(keys)} pods not bound in {timeout_s} s")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), timeout=left)
 
 
-async def watch_binds(
-    api: client.ApiClient,
-    namespace: str,
-    bound: dict[str, float],
-    expected: int,
-    done: asyncio.Event,
-) -> None:
-    """Records when the watch first shows each pod with a node."""
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * share))]
+
+
+async def empty(core: client.CoreV1Api, namespace: str) -> None:
+    await core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+    for _ in range(1200):
+        listed = await kube.raw_json(
+            core.list_namespaced_pod(namespace, limit=1, _preload_content=False)
+        )
+        if not listed["items"]:
+            return
+        await asyncio.sleep(0.25)
+    raise TimeoutError(f"pods of namespace {namespace} not gone after 300 s")
+
+
+class Scheduler(Protocol):
+    """One of the schedulers compared."""
+
+    label: str
+    """Its results' key, and the namespace of its pods."""
+    name: str
+    """The schedulerName it serves."""
+
+    def start(self) -> int:
+        """Start it; its pid."""
+        ...
+
+    def stop(self) -> None: ...
+
+
+async def measure(
+    api: client.ApiClient, binds: Binds, scheduler: Scheduler, args: argparse.Namespace
+) -> dict[str, Any]:
     core = client.CoreV1Api(api)
-    async with watch.Watch() as stream:
-        async for event in stream.stream(core.list_namespaced_pod, namespace, _request_timeout=600):
-            obj = event["raw_object"]
-            name = obj["metadata"]["name"]
-            if obj["spec"].get("nodeName") and name not in bound:
-                bound[name] = time.monotonic()
-                if len(bound) >= expected:
-                    done.set()
-                    return
+    namespace = scheduler.label
+    await core.create_namespace(cast(client.V1Namespace, {"metadata": {"name": namespace}}))
+    backlog = [f"backlog-{i}" for i in range(args.pods)]
+    await create_pods(core, namespace, backlog, scheduler.name)
+    keys = [f"{namespace}/{n}" for n in backlog]
+    cpu: dict[str, float] = {}
+    pid = scheduler.start()
+
+    def sample() -> None:  # CPU at the first and the last bind of the backlog
+        seen = sum(1 for k in keys if k in binds.at)
+        if seen == 1 or seen == len(keys):
+            cpu["first" if seen == 1 else "last"] = cpu_seconds(pid)
+
+    binds.on_bind = sample
+    try:
+        await binds.wait(keys)
+        binds.on_bind = None
+        times = [binds.at[k] for k in keys]
+        backlog_rate = (len(keys) - 1) / (max(times) - min(times))
+        cpu_per_1000 = (cpu["last"] - cpu["first"]) / (len(keys) - 1) * 1000
+
+        burst = [f"burst-{i}" for i in range(args.pods)]
+        started = time.monotonic()
+        created = await create_pods(core, namespace, burst, scheduler.name)
+        await binds.wait([f"{namespace}/{n}" for n in burst])
+        bound = {n: binds.at[f"{namespace}/{n}"] for n in burst}
+        burst_rate = len(burst) / (max(bound.values()) - started)
+        latencies = [bound[n] - created[n] for n in burst]
+
+        await asyncio.sleep(QUIET_S)  # the burst's events and assignments written: idle
+        single = []
+        for number in range(args.single):
+            name = f"single-{number}"
+            answered = (await create_pods(core, namespace, [name], scheduler.name))[name]
+            await binds.wait([f"{namespace}/{name}"], timeout_s=60)
+            single.append(binds.at[f"{namespace}/{name}"] - answered)
+        memory = rss_mib(pid)
+    finally:
+        binds.on_bind = None
+        scheduler.stop()
+    await empty(core, namespace)
+    return {
+        "backlog_bound_per_s": round(backlog_rate),
+        "backlog_cpu_s_per_1000_pods": round(cpu_per_1000, 2),
+        "burst_bound_per_s": round(burst_rate),
+        "burst_create_to_bound_p50_ms": round(statistics.median(latencies) * 1000),
+        "burst_create_to_bound_p99_ms": round(percentile(latencies, 0.99) * 1000),
+        "single_create_to_bound_p50_ms": round(statistics.median(single) * 1000, 1),
+        "single_create_to_bound_p99_ms": round(percentile(single, 0.99) * 1000, 1),
+        "rss_mib": memory,
+    }
+
+
+# -- raw: Bindings from processes of their own ------------------------------------------
+
+
+async def raw_bind(kubeconfig: Path, namespace: str, part: int, parts: int, nodes: int) -> None:
+    """Binds this part of the namespace's pods; prints its start and end (epoch seconds)."""
+    async with await kube.api_client(kubeconfig) as api:
+        core = client.CoreV1Api(api)
+        listed = await kube.raw_json(core.list_namespaced_pod(namespace, _preload_content=False))
+        pods = sorted(listed["items"], key=lambda p: p["metadata"]["name"])[part::parts]
+        limit = asyncio.Semaphore(IN_FLIGHT)
+
+        async def bind(number: int, body: dict[str, Any]) -> None:
+            binding = {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {
+                    "name": body["metadata"]["name"],
+                    "uid": body["metadata"]["uid"],
+                    "annotations": {
+                        contract.GPU_INDEX: str(number % 8),
+                        contract.PREDICATE_TIME: str(time.time_ns()),
+                        contract.GPU_ASSIGNED: contract.GPU_ASSIGNED_FALSE,
+                    },
+                },
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node_name(number % nodes)},
+            }
+            async with limit:
+                await kube.raw_json(
+                    core.create_namespaced_pod_binding(
+                        body["metadata"]["name"],
+                        namespace,
+                        cast(client.V1Binding, binding),
+                        _preload_content=False,
+                    )
+                )
+
+        started = time.time()
+        await asyncio.gather(*(bind(part + i * parts, p) for i, p in enumerate(pods)))
+        print(json.dumps({"started": started, "ended": time.time(), "bound": len(pods)}))
+
+
+async def measure_raw(
+    api: client.ApiClient, kubeconfig: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    core = client.CoreV1Api(api)
+    await core.create_namespace(cast(client.V1Namespace, {"metadata": {"name": "raw"}}))
+    await create_pods(core, "raw", [f"raw-{i}" for i in range(args.pods)], "nobody")
+    argv = [sys.executable, __file__, "--raw-bind", str(kubeconfig), "--nodes", str(args.nodes)]
+    processes = [
+        await asyncio.create_subprocess_exec(
+            *argv, "--part", str(part), stdout=asyncio.subprocess.PIPE
+        )
+        for part in range(RAW_PROCESSES)
+    ]
+    reports = [json.loads((await p.communicate())[0]) for p in processes]
+    span = max(r["ended"] for r in reports) - min(r["started"] for r in reports)
+    await empty(core, "raw")
+    return {"bound_per_s": round(sum(r["bound"] for r in reports) / span)}
+
+
+# -- the schedulers --------------------------------------------------------------------
+
+
+class KubeScheduler:
+    """kube-scheduler with a profile of its own, its client limit raised to `qps` (None: its
+    default), no leader election."""
+
+    def __init__(self, workdir: Path, kubeconfig: Path, qps: int | None) -> None:
+        self.label = self.name = "kube-scheduler-raised" if qps else "kube-scheduler-default"
+        self._workdir = workdir
+        self._config = workdir / f"{self.name}.yaml"
+        connection: dict[str, Any] = {"kubeconfig": str(kubeconfig)}
+        if qps:
+            connection.update(qps=qps, burst=qps)
+        self._config.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "kubescheduler.config.k8s.io/v1",
+                    "kind": "KubeSchedulerConfiguration",
+                    "clientConnection": connection,
+                    "leaderElection": {"leaderElect": False},
+                    "profiles": [{"schedulerName": self.name}],
+                }
+            )
+        )
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> int:
+        with (self._workdir / f"{self.name}.log").open("ab") as log:
+            self._process = subprocess.Popen(
+                [
+                    str(ensure_binaries().kube_scheduler),
+                    f"--config={self._config}",
+                    f"--secure-port={free_port()}",
+                    f"--cert-dir={self._workdir / self.name}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        return self._process.pid
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            self._process.wait(timeout=30)
+
+
+class Operator:
+    label = "operator"
+    name = "volcano"
+
+    def __init__(self, workdir: Path, kubeconfig: Path) -> None:
+        self._process = OperatorProcess(
+            kubeconfig, workdir / "operator.log", env={"GPUSHARE_LEADER_ELECT": "false"}
+        )
+
+    def start(self) -> int:
+        self._process.start(wait_synced=False)
+        return self._process.pid
+
+    def stop(self) -> None:
+        self._process.stop()
+
+
+def node_name(number: int) -> str:
+    return f"node-{number:04d}"
 
 
 async def create_nodes(core: client.CoreV1Api, nodes: int, cards: int) -> None:
@@ -153,9 +367,7 @@ async def create_nodes(core: client.CoreV1Api, nodes: int, cards: int) -> None:
         async with limit:
             await create_gpu_node(
                 core,
-                FakeGpuNode(
-                    name=f"node-{number:04d}", gpu_memory=cards * CARD_MIB, gpu_number=cards
-                ),
+                FakeGpuNode(name=node_name(number), gpu_memory=cards * CARD_MIB, gpu_number=cards),
             )
 
     await asyncio.gather(*(node(n) for n in range(nodes)))
@@ -163,76 +375,53 @@ async def create_nodes(core: client.CoreV1Api, nodes: int, cards: int) -> None:
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     plane = ControlPlane(workdir / "plane").start()
+    stand_in: asyncio.subprocess.Process | None = None
     try:
         async with await kube.api_client(plane.kubeconfig) as api:
             core = client.CoreV1Api(api)
             await install_crds(api)
-            for namespace in ("gpushare-system", "raw", "backlog", "stream"):
-                await core.create_namespace(
-                    cast(client.V1Namespace, {"metadata": {"name": namespace}})
-                )
+            await core.create_namespace(
+                cast(client.V1Namespace, {"metadata": {"name": "gpushare-system"}})
+            )
             await create_nodes(core, args.nodes, args.cards)
-            plugins = asyncio.create_task(act_as_device_plugins(api))
-            raw = await raw_bind_rate(core, "raw", args.pods, args.nodes)
-            print(f"raw Binding rate: {raw:.0f}/s", flush=True)
-
-            backlog_names = [f"b-{i}" for i in range(args.pods)]
-            await create_pods(core, "backlog", backlog_names, scheduler="volcano", in_flight=32)
-            operator = OperatorProcess(
-                plane.kubeconfig,
-                workdir / "operator.log",
-                env={"GPUSHARE_LEADER_ELECT": "false"},
-                profile=Path(args.profile) if args.profile else None,
+            binds = Binds()
+            ready = asyncio.Event()
+            watcher = asyncio.create_task(binds.watch(api, ready))
+            await ready.wait()
+            results: dict[str, Any] = {"raw": await measure_raw(api, plane.kubeconfig, args)}
+            print(f"raw: {results['raw']}", flush=True)
+            stand_in = await asyncio.create_subprocess_exec(
+                sys.executable, __file__, "--stand-in", str(plane.kubeconfig)
             )
-            bound: dict[str, float] = {}
-            done = asyncio.Event()
-            watcher = asyncio.create_task(watch_binds(api, "backlog", bound, args.pods, done))
-            await asyncio.sleep(0.5)
-            operator.start(wait_synced=False)
-            await asyncio.to_thread(operator.wait_logged, "synced", timeout_s=120)
-            synced = time.monotonic()
-            pids = {**plane.pids(), "operator": operator.pid, "bench": os.getpid()}
-            cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-            await asyncio.wait_for(done.wait(), timeout=600)
-            cpu = {
-                name: round(cpu_seconds(pid) - cpu_before[name], 1) for name, pid in pids.items()
-            }
-            print(f"backlog CPU seconds by process: {cpu}", flush=True)
-            backlog_rate = args.pods / (max(bound.values()) - synced)
-            print(f"backlog: {backlog_rate:.0f} pods bound/s", flush=True)
-            await watcher
-
-            created: dict[str, float] = {}
-            bound_stream: dict[str, float] = {}
-            done_stream = asyncio.Event()
-            watcher = asyncio.create_task(
-                watch_binds(api, "stream", bound_stream, args.pods, done_stream)
-            )
-            await asyncio.sleep(0.5)
-            names = [f"s-{i}" for i in range(args.pods)]
-            started = time.monotonic()
-            await create_pods(
-                core, "stream", names, scheduler="volcano", in_flight=16, created=created
-            )
-            await asyncio.wait_for(done_stream.wait(), timeout=600)
-            await watcher
-            stream_rate = args.pods / (max(bound_stream.values()) - started)
-            latencies = sorted(bound_stream[n] - created[n] for n in names)
-            operator.stop()
-            plugins.cancel()
-            await asyncio.gather(plugins, return_exceptions=True)
+            schedulers: list[Scheduler] = [
+                KubeScheduler(workdir, plane.kubeconfig, KUBE_SCHEDULER_RAISED_QPS),
+                KubeScheduler(workdir, plane.kubeconfig, None),
+                Operator(workdir, plane.kubeconfig),
+            ]
+            for scheduler in schedulers:
+                results[scheduler.label] = await measure(api, binds, scheduler, args)
+                print(f"{scheduler.label}: {results[scheduler.label]}", flush=True)
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
     finally:
+        if stand_in is not None and stand_in.returncode is None:
+            stand_in.terminate()
+            await stand_in.wait()
         plane.stop()
-    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
-    return {
-        "raw_bind_per_s": round(raw),
-        "backlog_bound_per_s": round(backlog_rate),
-        "backlog_vs_raw": round(backlog_rate / raw, 2),
-        "stream_bound_per_s": round(stream_rate),
-        "create_to_bound_p50_ms": round(statistics.median(latencies) * 1000),
-        "create_to_bound_p99_ms": round(p99 * 1000),
-        "backlog_cpu_s": cpu,
+    ours, theirs = results["operator"], results["kube-scheduler-raised"]
+    results["operator_vs_kube_scheduler"] = {
+        key: round(ours[key] / theirs[key], 2)
+        for key in ("backlog_bound_per_s", "burst_bound_per_s", "backlog_cpu_s_per_1000_pods")
     }
+    results["operator_backlog_vs_raw"] = round(
+        ours["backlog_bound_per_s"] / results["raw"]["bound_per_s"], 2
+    )
+    return results
+
+
+async def stand_in(kubeconfig: Path) -> None:
+    async with await kube.api_client(kubeconfig) as api:
+        await act_as_device_plugins(api)
 
 
 def main() -> int:
@@ -242,9 +431,18 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=200)
     parser.add_argument("--cards", type=int, default=8)
     parser.add_argument("--pods", type=int, default=2000)
+    parser.add_argument("--single", type=int, default=50, help="pods created one at a time")
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--profile", help="write a cProfile of the operator here")
+    parser.add_argument("--raw-bind", type=Path, help=argparse.SUPPRESS)  # a raw-bind process
+    parser.add_argument("--part", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--stand-in", type=Path, help=argparse.SUPPRESS)  # the plugins' stand-in
     args = parser.parse_args()
+    if args.raw_bind:
+        asyncio.run(raw_bind(args.raw_bind, "raw", args.part, RAW_PROCESSES, args.nodes))
+        return 0
+    if args.stand_in:
+        asyncio.run(stand_in(args.stand_in))
+        return 0
     machine = f"{platform.machine()}, {platform.python_version()}, 2 cores shared by all"
     with tempfile.TemporaryDirectory(prefix="gpushare-bench-") as workdir:
         results = asyncio.run(run(args, Path(workdir)))

@@ -5,8 +5,6 @@ operator schedules can never land on another test's nodes. `start_operator` runs
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -17,10 +15,8 @@ from kubernetes_asyncio import client
 from gpushare import kube
 from gpushare_harness import ControlPlane
 from gpushare_harness.crds import install_crds
-from gpushare_harness.kubelet import KubeletHarness
-from gpushare_harness.nodes import FakeGpuNode, create_gpu_node
+from gpushare_harness.devicenode import DeviceNode, start_device_node
 from gpushare_harness.operator import OperatorProcess
-from gpushare_harness.plugin import PluginProcess
 
 
 @pytest.fixture
@@ -61,21 +57,11 @@ def start_operator(plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[...
         process.stop()
 
 
-class GpuNode:
-    """A fake GPU node: the Node object, its kubelet (device manager) and its plugin."""
-
-    def __init__(self, name: str, kubelet: KubeletHarness, plugin: PluginProcess) -> None:
-        self.name = name
-        self.kubelet = kubelet
-        self.plugin = plugin
-
-
 @pytest_asyncio.fixture
 async def gpu_node(
     plane: ControlPlane, core: client.CoreV1Api, tmp_path: Path
 ) -> AsyncIterator[Callable[..., object]]:
-    nodes: list[GpuNode] = []
-    folders: list[Path] = []
+    nodes: list[DeviceNode] = []
 
     async def start(
         name: str,
@@ -86,7 +72,7 @@ async def gpu_node(
         wait_registered: bool = True,
         kubeconfig: Path | None = None,
         unit_mib: int | None = 1,
-    ) -> GpuNode:
+    ) -> DeviceNode:
         """Node `name` with fake `cards` (e.g. "8x11178"), its kubelet and its plugin; waits
         until the plugin has registered both resources. `kubeconfig`: the plugin's own
         (default the admin's). `unit_mib`: the plugin's GPU_MEMORY_FACTOR; Volcano's 1 MiB by
@@ -94,33 +80,20 @@ async def gpu_node(
         units as Volcano's users do; None: the plugin's own default (the cluster unit)."""
         if unit_mib is not None:
             plugin_env = {"GPU_MEMORY_FACTOR": str(unit_mib), **(plugin_env or {})}
-        await create_gpu_node(core, FakeGpuNode(name=name, gpu_memory=0, gpu_number=0))
-        # Short: a unix socket path has at most 107 bytes, and pytest's tmp_path is long.
-        plugin_dir = Path(tempfile.mkdtemp(prefix=f"dp-{name[:20]}-"))
-        folders.append(plugin_dir)
-        kubelet = KubeletHarness(
-            node=name,
-            kubeconfig=plane.kubeconfig,
-            plugin_dir=plugin_dir,
-            log=tmp_path / f"{name}-kubelet.log",
-        ).start()
-        plugin = PluginProcess(
-            node=name,
-            kubeconfig=kubeconfig or plane.kubeconfig,
-            socket_dir=plugin_dir,
-            fake_gpus=cards,
-            log=tmp_path / f"{name}-plugin.log",
-            args=plugin_args,
-            env=plugin_env,
+        node = await start_device_node(
+            core,
+            plane.kubeconfig,
+            name,
+            cards,
+            tmp_path,
+            plugin_kubeconfig=kubeconfig,
+            plugin_args=plugin_args,
+            plugin_env=plugin_env,
+            wait_registered=wait_registered,
         )
-        node = GpuNode(name, kubelet, plugin)
         nodes.append(node)
-        plugin.start(wait_registered=wait_registered)
         return node
 
     yield start
     for node in nodes:
-        node.plugin.stop()
-        node.kubelet.stop()
-    for folder in folders:
-        shutil.rmtree(folder, ignore_errors=True)
+        node.stop()

@@ -88,14 +88,20 @@ def test_past_the_quiet_wait_with_nowhere_else_the_pod_is_reported_with_its_best
     )
 
 
-def test_a_waiting_pod_keeps_its_card_for_itself_until_it_is_decided_again() -> None:
-    cache = two_nodes([1000.0])
+def reserved(cache: SchedulerCache) -> PodInfo:
+    """b (6000), held back from n's card 1, reserved there as the scheduler does."""
     waiting = PodInfo.parse(gpu_pod("b", 6000, uid="ub"))
     cache.observe_pod(waiting)
     held = plan(cache, waiting, Policy.BESTFIT)
     assert isinstance(held, Refusal)
     assert held.waits_for is not None
     cache.reserve(waiting, held.waits_for)
+    return waiting
+
+
+def test_a_waiting_pod_keeps_its_card_for_itself_until_it_is_decided_again() -> None:
+    cache = two_nodes([1000.0])
+    waiting = reserved(cache)
     # n's card 1 is promised to b: a later pod that would fit only beside it goes elsewhere.
     assert where(decide(cache, "c", 8000)) == ("m", (0,))
     cache.unreserve(waiting.uid)
@@ -104,12 +110,7 @@ def test_a_waiting_pod_keeps_its_card_for_itself_until_it_is_decided_again() -> 
 
 def test_a_reservation_ends_when_the_pod_is_bound() -> None:
     cache = two_nodes([1000.0])
-    waiting = PodInfo.parse(gpu_pod("b", 6000, uid="ub"))
-    cache.observe_pod(waiting)
-    held = plan(cache, waiting, Policy.BESTFIT)
-    assert isinstance(held, Refusal)
-    assert held.waits_for is not None
-    cache.reserve(waiting, held.waits_for)
+    reserved(cache)
     cache.observe_pod(PodInfo.parse(gpu_pod("b", 6000, node="m", index="0", uid="ub")))
     usage = cache.ledger.node(NodeName("n"))
     assert usage is not None

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import pytest_asyncio
 from cluster import create_pod, events_of, gpu_pod, list_pods
 from kubernetes_asyncio import client
 
@@ -63,30 +64,25 @@ async def burst(
     assert not seen.reported
 
 
-async def test_a_burst_of_same_size_pods_is_packed_as_the_model_packs_it_one_by_one(
-    api: client.ApiClient,
-    core: client.CoreV1Api,
-    gpu_node: Callable[..., Any],
-    start_operator: Callable[..., Any],
-) -> None:
+@pytest_asyncio.fixture
+async def demo_nodes(gpu_node: Callable[..., Any], start_operator: Callable[..., Any]) -> list[Any]:
+    """The demo's two nodes at the default unit, and the operator."""
     nodes = [
         await gpu_node("gpu-node-1", "8x11178", unit_mib=None),
         await gpu_node("gpu-node-2", "1x81920,1x40960,2x24576", unit_mib=None),
     ]
     start_operator()
-    await burst(api, core, [2048 // UNIT] * 40, nodes)
+    return nodes
+
+
+async def test_a_burst_of_same_size_pods_is_packed_as_the_model_packs_it_one_by_one(
+    api: client.ApiClient, core: client.CoreV1Api, demo_nodes: list[Any]
+) -> None:
+    await burst(api, core, [2048 // UNIT] * 40, demo_nodes)
 
 
 async def test_a_burst_of_mixed_sizes_is_packed_no_worse_than_the_model(
-    api: client.ApiClient,
-    core: client.CoreV1Api,
-    gpu_node: Callable[..., Any],
-    start_operator: Callable[..., Any],
+    api: client.ApiClient, core: client.CoreV1Api, demo_nodes: list[Any]
 ) -> None:
-    nodes = [
-        await gpu_node("gpu-node-1", "8x11178", unit_mib=None),
-        await gpu_node("gpu-node-2", "1x81920,1x40960,2x24576", unit_mib=None),
-    ]
-    start_operator()
     rng = random.Random(7)
-    await burst(api, core, [rng.choice((1, 2, 4, 8, 16)) for _ in range(40)], nodes)
+    await burst(api, core, [rng.choice((1, 2, 4, 8, 16)) for _ in range(40)], demo_nodes)
