@@ -30,9 +30,10 @@ from gpushare_operator.scheduling.cache import SchedulerCache
 from gpushare_operator.scheduling.exactness import ExactnessCheck
 from gpushare_operator.scheduling.podinfo import Demand, PodInfo
 
-QUIET_WAIT_S = 5.0
+QUIET_WAIT_S = 10.0
 """How long a pod whose best card is held back by the exactness rule waits for it, quietly:
-the kubelet's Allocate normally follows a bind within a second, so the pod gets the card the
+the kubelet's Allocate normally follows a bind within a second (a few on a node busy starting
+containers: over 4 s was seen in CI), so the pod gets the card the
 model gives it (one by one, in order) instead of a worse one elsewhere. After that the pod
 takes the next best card that the rule allows, or, if there is none, is reported
 unschedulable."""

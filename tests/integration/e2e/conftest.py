@@ -5,6 +5,7 @@ operator schedules can never land on another test's nodes. `start_operator` runs
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -34,6 +35,10 @@ async def api(plane: ControlPlane) -> AsyncIterator[client.ApiClient]:
             client.V1Namespace(metadata=client.V1ObjectMeta(name="gpushare-system"))
         )
         yield api_client
+    # A request cancelled during its TLS handshake (a reflector stopped while it connects)
+    # closes its socket only once the loop runs a little longer (aiohttp's advice for a
+    # graceful shutdown); else the socket is reported unclosed when it is collected.
+    await asyncio.sleep(0.25)
 
 
 @pytest.fixture
