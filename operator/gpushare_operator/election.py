@@ -96,7 +96,7 @@ class LeaseElector:
         try:
             lease = await self._api.read_lease(config.lease_namespace, config.lease_name)
         except (ApiError, OSError, TimeoutError) as error:
-            self._log.warning("lease_read_failed", error=str(error))
+            self._log.warning("lease_read_failed", error=repr(error))
             raise _Unreachable from error
         self.last_contact = self._clock()
         return lease

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import signal
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -59,7 +60,7 @@ async def startup(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> No
     settings.watching.server_timeout = 300
     api_client = await kube.api_client()
     api = KubeSchedulerApi(api_client, identity=config.identity, timeout_s=config.bind_timeout_s)
-    state = Runtime(config=config, api=api)
+    state = Runtime(config=config, api=api, on_failure=_stop_operator)
     state.metrics.serve(config.metrics_port)
     memo[_RUNTIME] = state
     memo["gpushare_api_client"] = api_client
@@ -76,6 +77,12 @@ async def startup(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> No
     else:
         settings.admission.server = NoWebhook()
     state.start()
+
+
+def _stop_operator() -> None:
+    """A task of the Runtime failed: stop as SIGTERM stops kopf (the cleanup handler releases
+    the Lease, so the standby takes over at once)."""
+    signal.raise_signal(signal.SIGTERM)
 
 
 class NoWebhook:
@@ -128,9 +135,12 @@ async def freshness(*, memo: Any, **_: Any) -> dict[str, Any]:
     """Liveness that means something: the cache was loaded, and the API answered recently.
 
     Fails (so the probe restarts the replica) when the initial sync has not completed after
-    5 minutes, or when the Lease calls have had no answer for 3 lease durations."""
+    5 minutes, when the Lease calls have had no answer for 3 lease durations, or when one of
+    its tasks failed (it is stopping)."""
     state = runtime(memo)
     now = time.monotonic()
+    if state.failure is not None:
+        raise kopf.PermanentError(f"a task failed: {state.failure}")
     if not state.synced.is_set() and now - state.started_at > _SYNC_TIMEOUT_S:
         raise kopf.PermanentError("the watches have not listed the cluster after 5 minutes")
     contact = state.elector.last_contact

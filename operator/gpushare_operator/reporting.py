@@ -11,7 +11,8 @@ The condition's lastTransitionTime moves only when it turns False.
 Reports are queued and written by a few workers of their own, like kube-scheduler's event
 broadcaster: a burst of decisions is bound first and explained right after, instead of
 every report competing with the binds for the apiserver. The queue is bounded; when it
-overflows the oldest report is dropped and logged (the pod itself is unaffected).
+overflows the oldest report is dropped and logged (the pod itself is unaffected). A write
+that gets no answer, or a busy answer, is tried again for a few seconds (`_WRITE_ATTEMPTS`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from gpushare import logs
-from gpushare.kube import ApiError
+from gpushare.kube import ApiError, transient
+from gpushare.kube.retry import Backoff, retry
 from gpushare.model import GpuKind, Placement, PodRef, PodUid, format_card_indices
 from gpushare.model.diagnosis import format_amount
 from gpushare_operator.kubeapi import SchedulerApi
@@ -33,6 +36,11 @@ FAILED_SCHEDULING = "FailedScheduling"
 SCHEDULED = "Scheduled"
 
 _Report = Callable[[], Awaitable[None]]
+_T = TypeVar("_T")
+_WRITE_BACKOFF = Backoff(0.5, 4.0)
+_WRITE_ATTEMPTS = 5
+"""A write that had no answer (an apiserver restarting) is tried again for about 7 s: a pod
+that waits is never left without its reason until its next scheduling attempt."""
 EVENT_RENEW_S = 50 * 60.0
 """Events live an hour (kube-apiserver's --event-ttl): after this, a new one is created."""
 
@@ -93,8 +101,10 @@ class Reporter:
 
         async def report() -> None:
             try:
-                await self._api.set_unschedulable(
-                    pod, UNSCHEDULABLE, message, resource_version, transition=not already
+                await _written(
+                    lambda: self._api.set_unschedulable(
+                        pod, UNSCHEDULABLE, message, resource_version, transition=not already
+                    )
                 )
             except ApiError as error:
                 if error.status != 409:
@@ -109,8 +119,10 @@ class Reporter:
         posted = self._failed.get(pod.uid)
         if posted is not None and time.monotonic() - posted.at < EVENT_RENEW_S:
             try:
-                await self._api.repeat_event(
-                    pod.namespace, posted.name, message=message, count=posted.count + 1
+                await _written(
+                    lambda: self._api.repeat_event(
+                        pod.namespace, posted.name, message=message, count=posted.count + 1
+                    )
                 )
             except ApiError as error:
                 if error.status != 404:
@@ -118,8 +130,10 @@ class Reporter:
             else:
                 posted.count += 1
                 return
-        name = await self._api.post_event(
-            pod, event_type="Warning", reason=FAILED_SCHEDULING, message=message
+        name = await _written(
+            lambda: self._api.post_event(
+                pod, event_type="Warning", reason=FAILED_SCHEDULING, message=message
+            )
         )
         self._failed[pod.uid] = _Posted(name=name, count=1, at=time.monotonic())
 
@@ -134,10 +148,19 @@ class Reporter:
             message += f", whole card(s) {format_card_indices(placement.cards)}"
 
         async def report() -> None:
-            await self._api.post_event(pod, event_type="Normal", reason=SCHEDULED, message=message)
+            await _written(
+                lambda: self._api.post_event(
+                    pod, event_type="Normal", reason=SCHEDULED, message=message
+                )
+            )
 
         self._enqueue(pod, report)
 
     def forget(self, uid: PodUid) -> None:
         self._last.pop(uid, None)
         self._failed.pop(uid, None)
+
+
+async def _written(write: Callable[[], Awaitable[_T]]) -> _T:
+    """`write()`, tried again while it has no answer or the apiserver is busy."""
+    return await retry(write, retryable=transient, backoff=_WRITE_BACKOFF, attempts=_WRITE_ATTEMPTS)

@@ -14,7 +14,7 @@ import contextlib
 import ctypes
 import gc
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from gpushare import logs
@@ -48,8 +48,18 @@ class Runtime:
     at the moment it needs a value (a GPUShareConfig change replaces `config`, nothing else)."""
 
     def __init__(
-        self, *, config: OperatorConfig, api: SchedulerApi, metrics: SchedulerMetrics | None = None
+        self,
+        *,
+        config: OperatorConfig,
+        api: SchedulerApi,
+        on_failure: Callable[[], None],
+        metrics: SchedulerMetrics | None = None,
     ) -> None:
+        """`on_failure`: called once when one of its tasks ends with an error nothing handled
+        (a bug): the operator stops, to be started again clean, rather than go on leading
+        with its decision loop or its Lease renewal dead."""
+        self._on_failure = on_failure
+        self.failure: str | None = None
         self.base_config = config
         self.config = config
         self.api = api
@@ -116,15 +126,36 @@ class Runtime:
 
     def start(self) -> None:
         self._log.info("starting", config=describe(self.config))
-        self._tasks.append(asyncio.create_task(self.initial_sync(), name="initial sync"))
+        self.spawn(self.initial_sync(), "initial sync")
         if self.config.leader_elect:
-            self._tasks.append(asyncio.create_task(self.elector.run(), name="elector"))
+            self.spawn(self.elector.run(), "elector")
         else:
             self._start_leading()
 
     def spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
         """Run `work` until the operator stops."""
-        self._tasks.append(asyncio.create_task(work, name=name))
+        self._tasks.append(self._supervised(work, name))
+
+    def _supervised(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(work, name=name)
+        task.add_done_callback(self._task_ended)
+        return task
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None or self.failure is not None:
+            return
+        error = task.exception()
+        self.failure = f"{task.get_name()}: {error!r}"
+        self._log.error(
+            "task_failed",
+            task=task.get_name(),
+            error=repr(error),
+            exc_info=error,
+            consequence="the operator stops; its Deployment starts it again and the standby "
+            "replica takes over the Lease",
+            fix="report this with the log line: it is a bug",
+        )
+        self._on_failure()
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -144,8 +175,8 @@ class Runtime:
     def _start_leading(self) -> None:
         self.metrics.leader.set(1)
         self._leader_tasks = [
-            asyncio.create_task(self._lead(time.monotonic()), name="leader"),
-            asyncio.create_task(self.reporter.run(), name="reporter"),
+            self._supervised(self._lead(time.monotonic()), "leader"),
+            self._supervised(self.reporter.run(), "reporter"),
         ]
 
     def _stop_leading(self) -> None:

@@ -54,7 +54,7 @@ class StatusWriter:
                 continue
             try:
                 await self._api.patch_gpunode_status(name, status)
-            except ApiError as error:
-                self._log.warning("status_write_failed", node=name, error=str(error))
+            except (ApiError, OSError, TimeoutError) as error:
+                self._log.warning("status_write_failed", node=name, error=repr(error))
                 continue
             self._written[name] = status

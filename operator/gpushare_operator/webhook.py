@@ -178,6 +178,6 @@ async def keep_ca_bundle(
                     await api.set_ca_bundle(name, [w["name"] for w in webhooks], ca_bundle)
                     log.info("webhook_ca_bundle_set", configuration=name)
                     continue
-        except ApiError as error:
-            log.warning("webhook_ca_bundle_failed", configuration=name, error=str(error))
+        except (ApiError, OSError, TimeoutError) as error:
+            log.warning("webhook_ca_bundle_failed", configuration=name, error=repr(error))
         await asyncio.sleep(interval)

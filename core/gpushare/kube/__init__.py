@@ -1,7 +1,8 @@
 """Everything of gpushare that talks to the Kubernetes API (the pure rules are in
 `gpushare.model`, which never imports this package).
 
-- `client`: client set-up, raw JSON responses with a checked status (`ApiError`), `read_pod`.
+- `client`: client set-up, raw JSON responses with a checked status (`ApiError`; no answer at
+  all is `ApiUnreachable`, an OSError; `transient` tells the errors worth a retry), `read_pod`.
 - `reflector`: list-then-watch, the one way gpushare reads a resource.
 - `retry`: trying again, written once: the delays (`Backoff`), a call tried until it answers
   (`retry`), a wait that a stop event cuts short (`pause`).
@@ -10,6 +11,13 @@
 The names callers use most are re-exported here: `from gpushare.kube import ApiError`.
 """
 
-from gpushare.kube.client import ApiError, api_client, raw_json, read_pod
+from gpushare.kube.client import (
+    ApiError,
+    ApiUnreachable,
+    api_client,
+    raw_json,
+    read_pod,
+    transient,
+)
 
-__all__ = ["ApiError", "api_client", "raw_json", "read_pod"]
+__all__ = ["ApiError", "ApiUnreachable", "api_client", "raw_json", "read_pod", "transient"]

@@ -28,13 +28,34 @@ class ApiError(Exception):
         self.message = message
 
 
+class ApiUnreachable(ConnectionError):
+    """The apiserver did not answer a call: the connection failed or broke off (it is
+    restarting, say). An OSError, as a refused connection is, so one `except OSError` covers
+    every way a call can go unanswered; whether the call took effect is unknown."""
+
+
+def transient(error: Exception) -> bool:
+    """Whether a call that failed with `error` may succeed if made again as it was: no answer
+    came, or the apiserver asked to wait (429) or failed (5xx)."""
+    if isinstance(error, ApiError):
+        return error.status == 429 or error.status >= 500
+    return isinstance(error, OSError | TimeoutError)
+
+
 async def raw_json(call: Awaitable[object]) -> dict[str, Any]:
-    """The JSON body of a call made with `_preload_content=False`; ApiError on >= 300."""
-    response = cast(aiohttp.ClientResponse, await call)
-    async with response:
-        text = await response.text()
-        if response.status >= 300:
-            raise ApiError(response.status, _status_message(text))
+    """The JSON body of a call made with `_preload_content=False`; ApiError on >= 300,
+    ApiUnreachable (an OSError) when no answer came."""
+    try:
+        response = cast(aiohttp.ClientResponse, await call)
+        async with response:
+            text = await response.text()
+    except aiohttp.ClientError as error:
+        if isinstance(error, OSError):
+            raise
+        # ServerDisconnectedError, ClientPayloadError ...: not OSErrors, but no answer either.
+        raise ApiUnreachable(f"{type(error).__name__}: {error}") from error
+    if response.status >= 300:
+        raise ApiError(response.status, _status_message(text))
     decoded = json.loads(text) if text else {}
     return decoded if isinstance(decoded, dict) else {}
 

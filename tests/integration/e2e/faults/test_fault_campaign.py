@@ -16,6 +16,7 @@ them), and pods are deleted while they are being bound. Afterwards:
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import shutil
 import tempfile
@@ -228,7 +229,7 @@ async def test_a_burst_through_crashes_restarts_and_deletions_keeps_every_invari
             await kill_leader()
 
         await asyncio.gather(burst(), faults(), delete_while_binding())
-        await settle(core, deadline_s=240)
+        await settle(core, operators, deadline_s=240)
         await check_invariants(core, api, nodes, operators, gone_nodes=gone_nodes, deleted=deleted)
     finally:
         for operator in operators:
@@ -246,16 +247,18 @@ def waiting_reason(pod: dict[str, Any]) -> str | None:
     return None
 
 
-async def settle(core: client.CoreV1Api, *, deadline_s: float) -> None:
+async def settle(
+    core: client.CoreV1Api, operators: list[OperatorProcess], *, deadline_s: float
+) -> None:
     """Until every pod is Running, refused by its kubelet, or Unschedulable with a reason."""
     deadline = time.monotonic() + deadline_s
-    unsettled: list[str] = []
+    unsettled: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
         pods = (await raw_json(core.list_namespaced_pod("default", _preload_content=False)))[
             "items"
         ]
         unsettled = [
-            p["metadata"]["name"]
+            p
             for p in pods
             if not (
                 p["status"].get("phase") in ("Running", "Failed")
@@ -265,7 +268,33 @@ async def settle(core: client.CoreV1Api, *, deadline_s: float) -> None:
         if not unsettled:
             return
         await asyncio.sleep(1)
-    raise AssertionError(f"{len(unsettled)} pods never settled: {unsettled[:10]}")
+    raise AssertionError(
+        f"{len(unsettled)} pods never settled:\n"
+        + "\n".join(pod_state(p, operators) for p in unsettled[:5])
+    )
+
+
+def pod_state(pod: dict[str, Any], operators: list[OperatorProcess]) -> str:
+    """What a reader needs to tell why a pod never settled: its state and what the operators
+    logged about it."""
+    name = pod["metadata"]["name"]
+    annotations = pod["metadata"].get("annotations") or {}
+    logged = [
+        event
+        for operator in operators
+        for event in operator.log_events()
+        if str(event.get("pod", "")).endswith(f"/{name}")
+    ]
+    return json.dumps(
+        {
+            "name": name,
+            "node": pod["spec"].get("nodeName"),
+            "limits": pod["spec"]["containers"][0]["resources"].get("limits"),
+            "annotations": {k: v for k, v in annotations.items() if "volcano" in k},
+            "status": pod["status"],
+            "operator_log": logged[-20:],
+        }
+    )
 
 
 async def check_invariants(

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import random
+import ssl
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
+import yaml
 from cluster import bound, create_pod, events_of, eventually, gpu_index, gpu_pod, list_pods
 from cluster import unschedulable as unschedulable_message
 from kubernetes_asyncio import client
 
 from gpushare.model import contract, parse_quantity
-from gpushare_harness import FakeGpuNode, create_gpu_node
+from gpushare_harness import ControlPlane, FakeGpuNode, create_gpu_node
 from gpushare_harness.operator import OperatorProcess
 from gpushare_harness.standin import act_as_device_plugins
 
@@ -192,3 +196,129 @@ async def test_bad_input_gets_a_clear_reason_and_harms_no_one_else(
     assert "odd-health: node odd-health: annotation volcano.sh/gpu-unhealthy-ids='0,,1'" in message
     assert (await bound(core, "big"))["spec"]["nodeName"] == "good"
     assert operator.running
+
+
+WRITES = (b"POST ", b"PUT ", b"PATCH ", b"DELETE ")
+
+
+class AnswerLosingProxy:
+    """A TLS-terminating proxy in front of the apiserver (loopback) that, while `losing`,
+    hangs up on every write without an answer, as an apiserver dying mid-request does: every
+    other write is passed on first (it took effect; its caller never hears of it), the rest
+    never arrive. Reads and watches pass, so the operator sees what happens."""
+
+    def __init__(self, plane: ControlPlane, upstream_port: int) -> None:
+        assert plane.pki is not None
+        self.upstream_port = upstream_port
+        self.serving = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.serving.load_cert_chain(plane.pki.serving_cert, plane.pki.serving_key)
+        self.upstream = ssl.create_default_context(cafile=str(plane.pki.ca_cert))
+        self.upstream.load_cert_chain(plane.pki.admin_cert, plane.pki.admin_key)
+        self.losing = False
+        self.lost: list[bytes] = []
+        self._connections: set[asyncio.Task[None]] = set()
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        up_reader, up_writer = await asyncio.open_connection(
+            "127.0.0.1", self.upstream_port, ssl=self.upstream
+        )
+        doomed: list[bytes] = []  # the request line of a write whose answer is to be lost
+
+        async def requests() -> None:
+            while data := await reader.read(65536):
+                if self.losing and data.startswith(WRITES):
+                    doomed.append(data.split(b"\r\n", 1)[0])
+                    if len(self.lost) % 2:
+                        self.lost.append(doomed[0])
+                        return  # never arrives
+                up_writer.write(data)
+                await up_writer.drain()
+
+        async def answers() -> None:
+            while data := await up_reader.read(65536):
+                if doomed:
+                    self.lost.append(doomed[0])
+                    return
+                writer.write(data)
+                await writer.drain()
+
+        pumps = [asyncio.create_task(requests()), asyncio.create_task(answers())]
+        try:
+            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for pump in pumps:
+                pump.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)  # a peer's hang-up: done
+            for end in (writer, up_writer):
+                end.close()
+            self._connections.discard(task)
+
+    async def close(self) -> None:
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+
+
+@pytest_asyncio.fixture
+async def losing_proxy(
+    plane: ControlPlane, tmp_path: Path
+) -> AsyncIterator[tuple[AnswerLosingProxy, Path]]:
+    """The proxy, and a kubeconfig that reaches the apiserver through it."""
+    config = yaml.safe_load(plane.kubeconfig.read_text())
+    server = config["clusters"][0]["cluster"]["server"]
+    proxy = AnswerLosingProxy(plane, int(server.rsplit(":", 1)[1]))
+    listening = await asyncio.start_server(proxy.serve, "127.0.0.1", 0, ssl=proxy.serving)
+    port = listening.sockets[0].getsockname()[1]
+    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{port}"
+    kubeconfig = tmp_path / "through-proxy.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(config))
+    yield proxy, kubeconfig
+    listening.close()
+    await proxy.close()
+    await listening.wait_closed()
+
+
+async def test_answers_lost_mid_request_stop_nothing_and_bind_no_pod_twice(
+    api: client.ApiClient,
+    core: client.CoreV1Api,
+    losing_proxy: tuple[AnswerLosingProxy, Path],
+    tmp_path: Path,
+) -> None:
+    """Binds, condition writes, Events, GPUNode status writes and Lease renewals whose answers
+    are lost (the connection closes after the request went through): the operator keeps
+    scheduling and reporting, and binds each pod once."""
+    proxy, kubeconfig = losing_proxy
+    await create_gpu_node(core, FakeGpuNode(name="n", gpu_memory=8 * CARD_MIB, gpu_number=8))
+    operator = OperatorProcess(kubeconfig, tmp_path / "op.log", identity="op-lossy")
+    # The proxy runs on this event loop: the harness's blocking waits go to a thread.
+    await asyncio.to_thread(operator.start)
+    assigner = asyncio.create_task(act_as_device_plugins(api))
+    try:
+        await asyncio.to_thread(operator.wait_logged, "started_leading", timeout_s=10)
+        proxy.losing = True
+        names = [f"lossy-{i:02d}" for i in range(12)]
+        await asyncio.gather(*(create_pod(core, gpu_pod(name, 2048)) for name in names))
+        await create_pod(core, gpu_pod("too-big", 2 * CARD_MIB))
+        await asyncio.sleep(1.5)  # under the renew deadline: the leader stays the leader
+        proxy.losing = False
+        lost = b"\n".join(proxy.lost)
+        assert b"/binding" in lost, lost
+        await create_pod(core, gpu_pod("after", 1024))
+        for name in [*names, "after"]:
+            await bound(core, name, timeout_s=30)
+        assert "0/1 nodes are available" in await unschedulable_message(core, "too-big")
+        assert operator.running
+        logged = operator.log_events()
+        assert not [e for e in logged if e.get("event") == "task_failed"]
+        binds = [e["pod"] for e in logged if e.get("event") == "pod_bound"]
+        assert sorted(binds) == sorted({*binds})
+        for name in [*names, "after"]:
+            reasons = [e["reason"] for e in await events_of(core, name)]
+            assert reasons.count("Scheduled") <= 1, name
+    finally:
+        assigner.cancel()
+        await asyncio.gather(assigner, return_exceptions=True)
+        await asyncio.to_thread(operator.stop)
