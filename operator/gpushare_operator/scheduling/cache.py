@@ -136,6 +136,7 @@ class SchedulerCache:
         self._facts.pop(name, None)
         self._gpus.pop(name, None)
         self.ledger.remove_node(name)
+        self._pins.forget_node(name)
 
     def observe_gpunode(self, body: Body) -> NodeChange:
         name = NodeName(text(path(body, "metadata").get("name")) or "")
@@ -189,10 +190,11 @@ class SchedulerCache:
         if previous is not None and previous.fingerprint == pod.fingerprint:
             if pod.assigned and previous.pin is not None:  # the device plugin served it
                 signature = previous.pin.signature
-                self._unpin(previous)
+                self._pins.assigned(previous.pin, self._clock())
+                previous.pin = None
                 return PodObservation(PodChange.ASSIGNED, signature=signature)
             return PodObservation(PodChange.IGNORED)  # nothing the scheduler reads changed
-        waited_as = previous.pin.signature if previous is not None and previous.pin else None
+        waited = previous.pin if previous is not None else None
         self._release(uid)
         problems = []
         try:
@@ -217,8 +219,9 @@ class SchedulerCache:
                     pod.ref, pod.node, claim.request.signature, claim.allocation.cards, since
                 )
         self._hold(holder)
-        if waited_as is not None and holder.pin is None:
-            return PodObservation(PodChange.ASSIGNED, problems, signature=waited_as)
+        if waited is not None and holder.pin is None:
+            self._pins.assigned(waited, self._clock())
+            return PodObservation(PodChange.ASSIGNED, problems, signature=waited.signature)
         return PodObservation(PodChange.BOUND, problems)
 
     def _observe_unbound(self, pod: PodInfo) -> PodChange:

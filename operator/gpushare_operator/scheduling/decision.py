@@ -31,12 +31,13 @@ from gpushare_operator.scheduling.exactness import ExactnessCheck
 from gpushare_operator.scheduling.podinfo import Demand, PodInfo
 
 QUIET_WAIT_S = 10.0
-"""How long a pod whose best card is held back by the exactness rule waits for it, quietly:
-the kubelet's Allocate normally follows a bind within a second (a few on a node busy starting
-containers: over 4 s was seen in CI), so the pod gets the card the
-model gives it (one by one, in order) instead of a worse one elsewhere. After that the pod
-takes the next best card that the rule allows, or, if there is none, is reported
-unschedulable."""
+"""How long a pod whose best card is held back by the exactness rule waits for it, quietly,
+while the node's kubelet assigns nothing (`ExactnessCheck.stalled_s`): the kubelet's Allocate
+normally follows a bind within a second, so the pod gets the card the model gives it (one by
+one, in order) instead of a worse one elsewhere. A kubelet busy starting containers admits
+one pod every few seconds (3 to 5 s were seen in CI): each admission restarts the wait. When
+the node stalls that long, the pod takes the next best card that the rule allows, or, if there
+is none, is reported unschedulable."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +108,7 @@ def _place(
     if other is not None and _as_good(cache.ledger, best, other):
         return _plan(other, request, needs, exactness)  # nothing worth waiting for
     where = f"{best.node} card {','.join(map(str, best.cards))}"
-    waited_s = exactness.longest_wait_s
+    waited_s = exactness.stalled_s(best.node)
     if waited_s < QUIET_WAIT_S:  # the assignment it waits for wakes it; else retried then
         message = f"waiting for its best fit, {where}: {held}"
         return Refusal(

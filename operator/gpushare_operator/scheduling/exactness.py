@@ -30,10 +30,12 @@ class Pin:
 
 
 class Pins:
-    """The pods waiting for their assignment, by signature and node."""
+    """The pods waiting for their assignment, by signature and node, and when each node last
+    had a pod assigned (its kubelet's progress)."""
 
     def __init__(self) -> None:
         self._pins: dict[Signature, dict[NodeName, dict[PodUid, Pin]]] = {}
+        self._progress: dict[NodeName, float] = {}
 
     def add(self, pin: Pin) -> None:
         self._pins.setdefault(pin.signature, {}).setdefault(pin.node, {})[pin.ref.uid] = pin
@@ -47,10 +49,23 @@ class Pins:
         if not by_node:
             self._pins.pop(pin.signature, None)
 
+    def assigned(self, pin: Pin, at: float) -> None:
+        """The device plugin assigned `pin`'s pod at `at`: its node's kubelet is making
+        progress."""
+        self.remove(pin)
+        self._progress[pin.node] = max(at, self._progress.get(pin.node, at))
+
+    def forget_node(self, node: NodeName) -> None:
+        self._progress.pop(node, None)
+
     def check(self, request: PodRequest, *, now: float, timeout_s: float) -> ExactnessCheck:
         """The rule for a pod with `request`, at `now`."""
         return ExactnessCheck(
-            self._pins.get(request.signature, {}), request.kind, now=now, timeout_s=timeout_s
+            self._pins.get(request.signature, {}),
+            request.kind,
+            progress=self._progress,
+            now=now,
+            timeout_s=timeout_s,
         )
 
 
@@ -64,23 +79,31 @@ class ExactnessCheck:
         pins: Mapping[NodeName, Mapping[PodUid, Pin]],
         gpu_kind: GpuKind | None,
         *,
+        progress: Mapping[NodeName, float],
         now: float,
         timeout_s: float,
     ) -> None:
         self._pins = pins
         self._gpu_kind = gpu_kind
+        self._progress = progress
         self._now = now
         self._timeout_s = timeout_s
         self.expired: dict[PodUid, PodRef] = {}
         self.first_wait_ends_in: float | None = None
         self._rules: dict[NodeName, tuple[frozenset[CardIndex], str] | None] = {}
 
-    @property
-    def longest_wait_s(self) -> float:
-        """How long the longest live wait seen so far has lasted (0 when none was seen)."""
-        if self.first_wait_ends_in is None:
+    def stalled_s(self, node: NodeName) -> float:
+        """How long pods of this signature on `node` have waited for their assignment with
+        no pod of the node assigned meanwhile (0 when none waits): a kubelet that admits
+        slowly but steadily is not stalled; one that admits nothing is."""
+        since = [
+            pin.since
+            for pin in self._pins.get(node, {}).values()
+            if pin.since + self._timeout_s > self._now
+        ]
+        if not since:
             return 0.0
-        return self._timeout_s - self.first_wait_ends_in
+        return self._now - max(min(since), self._progress.get(node, min(since)))
 
     def __call__(self, node: NodeName, card: CardIndex) -> str | None:
         if node not in self._rules:

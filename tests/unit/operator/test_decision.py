@@ -33,6 +33,12 @@ def decide(cache: SchedulerCache, name: str, mib: int) -> Plan | Refusal:
     return plan(cache, pod, Policy.BESTFIT)
 
 
+def assigned(name: str, mib: int, card: str) -> PodInfo:
+    body = gpu_pod(name, mib, node="n", index=card, uid=f"u{name}")
+    body["metadata"]["annotations"]["volcano.sh/gpu-assigned"] = "true"
+    return PodInfo.parse(body)
+
+
 def where(outcome: Plan | Refusal) -> tuple[str, tuple[int, ...]]:
     assert isinstance(outcome, Plan), outcome
     assert outcome.placement is not None
@@ -48,9 +54,7 @@ def test_a_pod_waits_quietly_for_its_best_card_rather_than_taking_a_worse_one() 
     assert held.message.startswith("waiting for its best fit, n card 1: held back until pod")
     assert held.retry_in_s == QUIET_WAIT_S
     assert held.wake_key is not None
-    assignment = gpu_pod("a", 6000, node="n", index="0", uid="ua")
-    assignment["metadata"]["annotations"]["volcano.sh/gpu-assigned"] = "true"
-    cache.observe_pod(PodInfo.parse(assignment))
+    cache.observe_pod(assigned("a", 6000, "0"))
     assert where(decide(cache, "b", 6000)) == ("n", (1,))
 
 
@@ -59,6 +63,21 @@ def test_a_pod_held_back_past_the_quiet_wait_takes_the_next_best_card() -> None:
     cache = two_nodes(clock)
     assert isinstance(decide(cache, "b", 6000), Refusal)
     clock[0] += QUIET_WAIT_S
+    assert where(decide(cache, "b", 6000)) == ("m", (0,))
+
+
+def test_a_pod_waits_on_while_the_node_assigns_other_pods_and_no_longer_once_it_stalls() -> None:
+    clock = [1000.0]
+    cache = two_nodes(clock)
+    cache.observe_pod(PodInfo.parse(gpu_pod("x", 1000, node="n", index="0", uid="ux")))
+    clock[0] += 8
+    cache.observe_pod(assigned("x", 1000, "0"))  # n's kubelet admits slowly, but it admits
+    clock[0] += 4  # a has waited 12 s for its assignment; n assigned a pod 4 s ago
+    held = decide(cache, "b", 6000)
+    assert isinstance(held, Refusal)
+    assert held.quiet
+    assert held.retry_in_s == QUIET_WAIT_S - 4
+    clock[0] += 6  # nothing assigned on n for 10 s
     assert where(decide(cache, "b", 6000)) == ("m", (0,))
 
 
