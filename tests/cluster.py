@@ -97,6 +97,19 @@ async def eventually(
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {last!r})")
 
 
+async def reasons_once_scheduled(
+    core: client.CoreV1Api, name: str, namespace: str = "default", timeout_s: float = 10
+) -> list[str]:
+    """The reasons of the pod's events once its Scheduled event is there: the operator posts
+    it after the bind, so it may trail the bound pod a moment."""
+
+    async def reasons() -> list[str] | None:
+        found = [e["reason"] for e in await events_of(core, name, namespace)]
+        return found if "Scheduled" in found else None
+
+    return await eventually(reasons, timeout_s=timeout_s, what=f"{name}'s Scheduled event")
+
+
 async def bound(
     core: client.CoreV1Api, name: str, namespace: str = "default", timeout_s: float = 30
 ) -> dict[str, Any]:

@@ -8,7 +8,9 @@ would.
     gpushare simulate -f pod.yaml       where the pod would go now, and why; nothing is written
 
 `-o json` prints machine-readable output. Exit status: 0 done, 1 the cluster or the pod could
-not be read, 2 bad arguments or a bad file.
+not be read, 2 bad arguments or a bad file; `simulate` also 3 when the pod would wait (it does
+not fit now, but would on the cluster's nodes if other pods went) and 4 when it fits no node
+even with no other pod (waiting will not help).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import asyncio
 import json
 import sys
+from argparse import SUPPRESS
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,45 +27,108 @@ from typing import Any
 from gpushare.model import GpuShareError
 from gpushare.model.admission import admit
 from gpushare_cli.errors import CliError
-from gpushare_cli.read import Cluster, load_pod, read_cluster
+from gpushare_cli.read import Cluster, context_namespace, load_pod, read_cluster
 from gpushare_cli.render import explain_json, inspect_json, render_explain, render_inspect
-from gpushare_cli.report import explain, find_pod, inspect
+from gpushare_cli.report import State, explain, find_pod, inspect
 
 
 def parser() -> argparse.ArgumentParser:
-    parse = argparse.ArgumentParser(
-        prog="gpushare", description=__doc__.splitlines()[0] if __doc__ else None
+    # The global flags are accepted before or after the subcommand, as kubectl's are: each
+    # parser has them, none sets a default (SUPPRESS), so one given after the subcommand is
+    # not overwritten by the subparser's default (`_option` reads them).
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--kubeconfig", type=Path, default=SUPPRESS, help="default: $KUBECONFIG, in-cluster"
     )
-    parse.add_argument("--kubeconfig", type=Path, help="default: $KUBECONFIG, in-cluster")
+    common.add_argument(
+        "--context", default=SUPPRESS, help="the kubeconfig context (default: its current one)"
+    )
+    common.add_argument(
+        "-n",
+        "--namespace",
+        default=SUPPRESS,
+        help="the pod's namespace (default: the context's, else default); inspect -d: only "
+        "this namespace's pods",
+    )
+    common.add_argument(
+        "-A",
+        "--all-namespaces",
+        action="store_true",
+        default=SUPPRESS,
+        help="explain: find the pod by name in any namespace; inspect -d: every namespace's "
+        "pods (its default)",
+    )
+    common.add_argument(
+        "-o", "--output", choices=("table", "json"), default=SUPPRESS, help="default: table"
+    )
+    parse = argparse.ArgumentParser(
+        prog="gpushare",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[common],
+    )
     commands = parse.add_subparsers(dest="command", required=True)
-    inspect_cmd = commands.add_parser("inspect", help="cards per node, used/total, health")
+    inspect_cmd = commands.add_parser(
+        "inspect",
+        help="cards per node, used/total, health",
+        description="Cards per node (or NODE's): model, used/total MiB, health; -d: one row "
+        "per card with its pods (namespace, name, MiB).",
+        parents=[common],
+    )
     inspect_cmd.add_argument("node", nargs="?")
-    inspect_cmd.add_argument("-d", "--details", action="store_true", help="one row per card")
-    explain_cmd = commands.add_parser("explain", help="why a pod waits, card by card")
+    inspect_cmd.add_argument(
+        "-d", "--details", action="store_true", help="one row per card, with its pods"
+    )
+    explain_cmd = commands.add_parser(
+        "explain",
+        help="why a pod waits, card by card",
+        description="Where POD is bound, or why it waits: every node, every card, as the "
+        "leading operator decides.",
+        parents=[common],
+    )
     explain_cmd.add_argument("pod")
-    explain_cmd.add_argument("-n", "--namespace", default="default")
-    simulate_cmd = commands.add_parser("simulate", help="where a pod would go now (no writes)")
+    simulate_cmd = commands.add_parser(
+        "simulate",
+        help="where a pod would go now (no writes)",
+        description="Where the pod in FILENAME would go now, and why; nothing is written. "
+        "Exit status 3: it would wait; 4: it fits no node even on an empty cluster.",
+        parents=[common],
+    )
     simulate_cmd.add_argument("-f", "--filename", required=True, help="a Pod manifest, - for stdin")
-    for command in (inspect_cmd, explain_cmd, simulate_cmd):
-        command.add_argument("-o", "--output", choices=("table", "json"), default="table")
     return parse
 
 
-async def _run(args: argparse.Namespace) -> str:
-    as_json = args.output == "json"
+def _option(args: argparse.Namespace, name: str, default: Any = None) -> Any:
+    return getattr(args, name, default)
+
+
+SIMULATE_STATUS = {State.UNPLACEABLE: 3, State.NEVER: 4}
+"""`simulate`'s exit status by outcome (0 for the rest)."""
+
+
+async def _run(args: argparse.Namespace) -> tuple[str, int]:
+    """What to print, and the exit status."""
+    as_json = _option(args, "output", "table") == "json"
+    kubeconfig, context = _option(args, "kubeconfig"), _option(args, "context")
+    every = bool(_option(args, "all_namespaces", False))
+    namespace = _option(args, "namespace") or context_namespace(kubeconfig, context)
     if args.command == "simulate":
-        pod = load_pod(args.filename)  # a bad file fails before any cluster call
-    cluster = await read_cluster(args.kubeconfig)
+        pod = load_pod(args.filename, namespace)  # a bad file fails before any cluster call
+    cluster = await read_cluster(kubeconfig, context)
     if args.command == "inspect":
-        nodes = inspect(cluster, args.node)
+        only = None if every or _option(args, "namespace") is None else namespace
+        nodes = inspect(cluster, args.node, namespace=only)
         if as_json:
-            return json.dumps(inspect_json(nodes), indent=2)
-        return render_inspect(nodes, args.details)
+            return json.dumps(inspect_json(nodes), indent=2), 0
+        return render_inspect(nodes, args.details), 0
+    status = 0
     if args.command == "explain":
-        report = explain(cluster, find_pod(cluster, args.pod, args.namespace))
+        report = explain(cluster, find_pod(cluster, args.pod, None if every else namespace))
     else:
         report = explain(cluster, as_admitted(pod, cluster), simulated=True)
-    return json.dumps(explain_json(report), indent=2) if as_json else render_explain(report)
+        status = SIMULATE_STATUS.get(report.outcome.state, 0)
+    shown = json.dumps(explain_json(report), indent=2) if as_json else render_explain(report)
+    return shown, status
 
 
 def as_admitted(pod: dict[str, Any], cluster: Cluster) -> dict[str, Any]:
@@ -80,11 +146,12 @@ def as_admitted(pod: dict[str, Any], cluster: Cluster) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        print(asyncio.run(_run(args)))
+        shown, status = asyncio.run(_run(args))
     except CliError as error:
         print(f"gpushare: {error}", file=sys.stderr)
         return error.status
-    return 0
+    print(shown)
+    return status
 
 
 if __name__ == "__main__":

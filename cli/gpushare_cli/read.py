@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import sys
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -20,10 +22,11 @@ from typing import Any, TypeVar
 import aiohttp
 import yaml
 from kubernetes_asyncio import client
-from kubernetes_asyncio.config import ConfigException
+from kubernetes_asyncio.config import ConfigException, list_kube_config_contexts
 
 from gpushare import kube
 from gpushare.kube import ApiError
+from gpushare.kube.clock import parse_time
 from gpushare.kube.reflector import Item, ListCall, WatchExpired, list_pages
 from gpushare.kube.retry import Backoff, retry
 from gpushare.model import contract
@@ -43,16 +46,40 @@ class Cluster:
     gpunodes: list[Item]
     pods: list[Item]
     config: OperatorConfig
-    """The operator's: its environment's values (this process's), with the live
-    GPUShareConfig applied when it is valid."""
+    """What the operator decides with: as its leader publishes it on its Lease; when no
+    operator leads, this process's environment with the live GPUShareConfig applied when it
+    is valid."""
+    leader: str | None = None
+    """The identity of the operator replica that leads now; None when none does."""
     converts: bool = True
     """The admission webhook is installed (its MutatingWebhookConfiguration exists): new
     pods' gpu-memory limits are converted to the cluster's unit."""
 
 
-async def read_cluster(kubeconfig: Path | None) -> Cluster:
+def context_namespace(kubeconfig: Path | None, context: str | None) -> str:
+    """The namespace of the kubeconfig's context (`context`, else the current one), as
+    kubectl takes it; "default" when it names none, or there is no kubeconfig."""
     try:
-        async with await kube.api_client(kubeconfig) as api:
+        contexts, current = list_kube_config_contexts(
+            None if kubeconfig is None else str(kubeconfig)
+        )
+    except (ConfigException, OSError):
+        return "default"
+    wanted = (
+        current
+        if context is None
+        else next((c for c in contexts if c.get("name") == context), None)
+    )
+    if context is not None and wanted is None:
+        names = ", ".join(sorted(str(c.get("name")) for c in contexts))
+        raise CliError(f"context {context!r} is not in the kubeconfig (it has: {names})", status=2)
+    found = ((wanted or {}).get("context") or {}).get("namespace")
+    return str(found) if found else "default"
+
+
+async def read_cluster(kubeconfig: Path | None, context: str | None = None) -> Cluster:
+    try:
+        async with await kube.api_client(kubeconfig, context=context) as api:
             core = client.CoreV1Api(api)
             objects = client.CustomObjectsApi(api)
             nodes = await list_all(core.list_node)
@@ -78,7 +105,9 @@ async def read_cluster(kubeconfig: Path | None) -> Cluster:
                 ),
                 absent={},
             )
-            webhook = await _webhook_installed(api, live_config(live).webhook_configuration)
+            assumed = live_config(live)
+            webhook = await _webhook_installed(api, assumed.webhook_configuration)
+            leading = await _leading_operator(api, assumed)
     except (aiohttp.ClientError, OSError, TimeoutError) as error:
         raise CliError(
             f"cannot reach the cluster ({error}); check KUBECONFIG or --kubeconfig"
@@ -87,9 +116,55 @@ async def read_cluster(kubeconfig: Path | None) -> Cluster:
         raise CliError(f"no usable kubeconfig ({error}); set KUBECONFIG or --kubeconfig") from error
     except ApiError as error:
         raise CliError(f"the cluster refused to list nodes and pods: {error}") from error
+    leader, config = leading if leading is not None else (None, assumed)
     return Cluster(
-        nodes=nodes, gpunodes=gpunodes, pods=pods, config=live_config(live), converts=webhook
+        nodes=nodes,
+        gpunodes=gpunodes,
+        pods=pods,
+        config=config,
+        leader=leader,
+        converts=webhook,
     )
+
+
+LEASE_SLACK_S = 5.0
+"""Clock skew allowed between this machine and the operator's when reading its Lease."""
+
+
+async def _leading_operator(
+    api: client.ApiClient, assumed: OperatorConfig
+) -> tuple[str, OperatorConfig] | None:
+    """The leading operator's identity and the configuration it publishes on its Lease;
+    None when no one holds the Lease, it ran out, or it cannot be read (no RBAC to read it,
+    an operator too old to publish)."""
+    try:
+        lease = await _read(
+            lambda: kube.raw_json(
+                client.CoordinationV1Api(api).read_namespaced_lease(
+                    assumed.lease_name, assumed.lease_namespace, _preload_content=False
+                )
+            )
+        )
+    except ApiError as error:
+        if error.status in (403, 404):
+            return None
+        raise
+    spec = path(lease, "spec")
+    holder = spec.get("holderIdentity")
+    renewed = parse_time(spec.get("renewTime"))
+    duration = spec.get("leaseDurationSeconds")
+    if not holder or renewed is None or not isinstance(duration, int):
+        return None
+    if renewed + duration + LEASE_SLACK_S < time.time():
+        return None
+    published = (path(lease, "metadata").get("annotations") or {}).get(contract.EFFECTIVE_CONFIG)
+    try:
+        decoded = json.loads(str(published))
+        if isinstance(decoded, dict):
+            return str(holder), with_live(OperatorConfig(), decoded)
+    except (ValueError, ConfigError):
+        pass
+    return None
 
 
 async def _webhook_installed(api: client.ApiClient, name: str) -> bool:
@@ -157,9 +232,9 @@ def live_config(live: Body) -> OperatorConfig:
     return config
 
 
-def load_pod(file: str) -> dict[str, Any]:
+def load_pod(file: str, namespace: str) -> dict[str, Any]:
     """The Pod manifest in `file` (- for stdin) as the scheduler would first see it:
-    pending, in a namespace, with a uid, on no node."""
+    pending, in its namespace (else `namespace`), with a uid, on no node."""
     try:
         text_in = sys.stdin.read() if file == "-" else Path(file).read_text()
         body = yaml.safe_load(text_in)
@@ -172,7 +247,7 @@ def load_pod(file: str) -> dict[str, Any]:
     meta = body.setdefault("metadata", {})
     if not isinstance(meta, dict):
         raise CliError(f"{file}: metadata must be a mapping", status=2)
-    meta.setdefault("namespace", "default")
+    meta.setdefault("namespace", namespace)
     meta.setdefault("uid", f"simulated-{uuid.uuid4()}")
     body.setdefault("status", {"phase": "Pending"})
     spec = body.get("spec")

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import Enum
 from typing import Any
 
 from gpushare.model import GpuKind, Placement, contract
-from gpushare.model.diagnosis import format_amount
+from gpushare.model.diagnosis import CardProblem, NodeVerdict, format_amount
 from gpushare_cli.report import Bound, CardReport, Explanation, NodeReport, Placeable
 
 # -- inspect ---------------------------------------------------------------------------------
@@ -28,7 +29,10 @@ def inspect_json(report: Sequence[NodeReport]) -> list[dict[str, Any]]:
                     "health": _health(card),
                     "usedMiB": card.used_mib,
                     "totalMiB": card.total_mib,
-                    "pods": list(card.pods),
+                    "pods": [
+                        {"namespace": pod.namespace, "name": pod.name, "mib": pod.mib}
+                        for pod in card.pods
+                    ],
                 }
                 for card in node.cards
             ],
@@ -51,7 +55,7 @@ def render_inspect(report: Sequence[NodeReport], detail: bool) -> str:
                         card.model,
                         f"{card.used_mib}/{card.total_mib}",
                         _health(card),
-                        ", ".join(card.pods) or "-",
+                        ", ".join(f"{p.namespace}/{p.name} {p.mib} MiB" for p in card.pods) or "-",
                     )
                 )
             rows.append(("", "total", "", f"{node.used_mib}/{node.total_mib}", "", ""))
@@ -68,7 +72,7 @@ def render_inspect(report: Sequence[NodeReport], detail: bool) -> str:
         lines.append((node.node, *cells, f"{node.used_mib}/{node.total_mib}"))
     used = sum(node.used_mib for node in report)
     total = sum(node.total_mib for node in report)
-    share = f"{100 * used // total}%" if total else "0%"
+    share = f"{round(100 * used / total)}%" if total else "0%"
     return (
         table(lines)
         + f"\nallocated/total GPU memory in the cluster: {used}/{total} MiB ({share})"
@@ -87,12 +91,18 @@ def _health(card: CardReport) -> str:
 # -- explain and simulate --------------------------------------------------------------------
 
 
+def enum_name(value: Enum) -> str:
+    """An enum as `-o json` shows it: a CamelCase identifier (TOO_LITTLE_MEMORY:
+    TooLittleMemory), stable for programs, where tables show the sentence."""
+    return "".join(part.capitalize() for part in value.name.split("_"))
+
+
 def explain_json(report: Explanation) -> dict[str, Any]:
     shown: dict[str, Any] = {"pod": report.pod, "schedulerName": report.scheduler_name}
     outcome = report.outcome
     if isinstance(outcome, Bound):
         shown.update(
-            state=outcome.state.value,
+            state=enum_name(outcome.state),
             node=outcome.node,
             card=outcome.card,
             assigned=outcome.assigned,
@@ -103,7 +113,9 @@ def explain_json(report: Explanation) -> dict[str, Any]:
         shown["note"] = report.note
     if report.pod_scheduled is not None:
         shown["schedulerSays"] = report.pod_scheduled.get("message")
-    shown.update(policy=outcome.policy.value, state=outcome.state.value)
+    shown.update(
+        policy=outcome.policy.value, state=enum_name(outcome.state), operator=report.leader
+    )
     if isinstance(outcome, Placeable):
         shown["node"] = outcome.node
         if outcome.placement is not None:
@@ -111,14 +123,23 @@ def explain_json(report: Explanation) -> dict[str, Any]:
             shown["freeLeft"] = free_left(outcome.placement)
         return shown
     shown["reason"] = outcome.reason
-    shown["nodes"] = [
-        {
-            "node": verdict.node,
-            "problem": verdict.label,
-            "cards": [str(card) for card in verdict.cards],
-        }
-        for verdict in outcome.nodes
-    ]
+    shown["nodes"] = [_verdict_json(verdict) for verdict in outcome.nodes]
+    return shown
+
+
+def _verdict_json(verdict: NodeVerdict) -> dict[str, Any]:
+    shown: dict[str, Any] = {"node": verdict.node, "problem": enum_name(verdict.problem)}
+    if verdict.detail:
+        shown["detail"] = verdict.detail
+    cards = []
+    for card in verdict.cards:
+        entry: dict[str, Any] = {"index": card.card, "problem": enum_name(card.problem)}
+        if card.problem is CardProblem.TOO_LITTLE_MEMORY:
+            entry.update(freeMiB=card.free * card.unit_mib, neededMiB=card.need * card.unit_mib)
+        if card.detail:
+            entry["detail"] = card.detail
+        cards.append(entry)
+    shown["cards"] = cards
     return shown
 
 
@@ -136,6 +157,13 @@ def render_explain(report: Explanation) -> str:
         return "\n".join(lines)
     if report.pod_scheduled is not None and (says := report.pod_scheduled.get("message")):
         lines.append(f"the scheduler says: {says}")
+    if report.leader is None:
+        lines.append(
+            "note: no gpushare operator leads now (its Lease is not held): decided with this "
+            "shell's GPUSHARE_* environment and the live GPUShareConfig"
+        )
+    else:
+        lines.append(f"decided as the operator {report.leader} decides")
     if isinstance(outcome, Placeable):
         where: str = outcome.node
         if (placement := outcome.placement) is not None:

@@ -9,26 +9,31 @@ fed with what `read` listed, so the CLI says what the scheduler would. Reports a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, TypeAlias
 
 from gpushare.model import (
     CardIndex,
+    GpuKind,
     InventorySource,
+    Ledger,
     NodeName,
     NodeUsage,
     NodeVerdict,
     Placement,
+    PodRef,
+    PodUid,
     Policy,
     contract,
     diagnose,
 )
 from gpushare.model.bodies import Body, annotations_of, path, text
+from gpushare.model.usage import CardUsage
 from gpushare_cli.errors import CliError
 from gpushare_cli.read import Cluster
 from gpushare_operator.scheduling.cache import SchedulerCache
-from gpushare_operator.scheduling.decision import Plan, plan
+from gpushare_operator.scheduling.decision import Plan, Refusal, plan
 from gpushare_operator.scheduling.podinfo import Demand, PodInfo
 
 
@@ -47,6 +52,14 @@ def build_cache(cluster: Cluster) -> SchedulerCache:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class PodOnCard:
+    namespace: str
+    name: str
+    mib: int
+    """What it holds on the card: its gpu-memory, or the whole card for a gpu-number pod."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class CardReport:
     index: CardIndex
     model: str
@@ -54,8 +67,8 @@ class CardReport:
     healthy: bool
     used_mib: int
     total_mib: int
-    pods: tuple[str, ...]
-    """The pods holding the card, as namespace/name, sorted."""
+    pods: tuple[PodOnCard, ...]
+    """The pods holding the card, by namespace and name."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -75,8 +88,10 @@ class NodeReport:
         return sum(card.total_mib for card in self.cards)
 
 
-def inspect(cluster: Cluster, node: str | None) -> list[NodeReport]:
-    """Every GPU node by name, or only `node`; CliError when it is unknown or has no GPU."""
+def inspect(cluster: Cluster, node: str | None, *, namespace: str | None) -> list[NodeReport]:
+    """Every GPU node by name, or only `node`; CliError when it is unknown or has no GPU.
+    The cards' pods listed: those of `namespace`, or of every namespace (None); the memory
+    counts every pod."""
     ledger = build_cache(cluster).ledger
     names = sorted(ledger.nodes())
     if node is not None:
@@ -87,10 +102,10 @@ def inspect(cluster: Cluster, node: str | None) -> list[NodeReport]:
             problem = ledger.nodes_without_gpu()[wanted]
             raise CliError(f"node {node} has no GPU" + (f": {problem}" if problem else ""))
         names = [wanted]
-    return [_node_report(ledger.nodes()[name]) for name in names]
+    return [_node_report(ledger, ledger.nodes()[name], namespace) for name in names]
 
 
-def _node_report(usage: NodeUsage) -> NodeReport:
+def _node_report(ledger: Ledger, usage: NodeUsage, namespace: str | None) -> NodeReport:
     unit = usage.inventory.unit_mib
     return NodeReport(
         node=usage.inventory.node,
@@ -104,11 +119,28 @@ def _node_report(usage: NodeUsage) -> NodeReport:
                 healthy=held.card.healthy,
                 used_mib=held.allocated * unit,
                 total_mib=held.card.memory * unit,
-                pods=tuple(sorted(str(pod) for pod in held.pods.values())),
+                pods=tuple(
+                    sorted(
+                        (
+                            _on_card(ledger, uid, pod, held, unit)
+                            for uid, pod in held.pods.items()
+                            if namespace in (None, pod.namespace)
+                        ),
+                        key=lambda p: (p.namespace, p.name),
+                    )
+                ),
             )
             for index, held in sorted(usage.cards.items())
         ),
     )
+
+
+def _on_card(ledger: Ledger, uid: PodUid, pod: PodRef, held: CardUsage, unit: int) -> PodOnCard:
+    allocation = ledger.allocation(uid)
+    units = held.card.memory
+    if allocation is not None and allocation.kind is GpuKind.MEMORY:
+        units = allocation.amount
+    return PodOnCard(namespace=pod.namespace, name=pod.name, mib=units * unit)
 
 
 # -- explain and simulate --------------------------------------------------------------------
@@ -119,6 +151,7 @@ class State(StrEnum):
     PLACEABLE = "placeable now"
     WOULD_BE_PLACED = "would be placed now"
     UNPLACEABLE = "cannot be placed now"
+    NEVER = "cannot be placed on any node, even with no other pod"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -159,10 +192,12 @@ class Unplaceable:
     policy: Policy
     reason: str
     nodes: tuple[NodeVerdict, ...]
+    never: bool
+    """It would not fit even if no other pod were running: waiting will not help."""
 
     @property
     def state(self) -> State:
-        return State.UNPLACEABLE
+        return State.NEVER if self.never else State.UNPLACEABLE
 
 
 Outcome: TypeAlias = Bound | Placeable | Unplaceable
@@ -178,14 +213,27 @@ class Explanation:
     """Why the operator will not place the pod at all (another scheduler's)."""
     pod_scheduled: Mapping[str, Any] | None = None
     """The pod's PodScheduled condition: its message is what the scheduler said last."""
+    leader: str | None = None
+    """The operator replica whose published configuration the decision used; None when no
+    operator leads (this shell's environment and the live GPUShareConfig were used)."""
 
 
-def find_pod(cluster: Cluster, name: str, namespace: str) -> Body:
-    for pod in cluster.pods:
-        meta = path(pod, "metadata")
-        if meta.get("name") == name and meta.get("namespace") == namespace:
-            return pod
-    raise CliError(f"pod {namespace}/{name} not found")
+def find_pod(cluster: Cluster, name: str, namespace: str | None) -> Body:
+    """The pod `name` in `namespace`; in any namespace when None (CliError unless exactly
+    one has it)."""
+    found = [
+        pod
+        for pod in cluster.pods
+        if (meta := path(pod, "metadata")).get("name") == name
+        and namespace in (None, meta.get("namespace"))
+    ]
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        where = "in any namespace" if namespace is None else f"in namespace {namespace}"
+        raise CliError(f"pod {name} not found {where}")
+    spaces = ", ".join(sorted(str(path(p, "metadata").get("namespace")) for p in found))
+    raise CliError(f"pod {name} is in several namespaces ({spaces}): name one with -n")
 
 
 def explain(cluster: Cluster, pod: Body, *, simulated: bool = False) -> Explanation:
@@ -204,10 +252,7 @@ def explain(cluster: Cluster, pod: Body, *, simulated: bool = False) -> Explanat
     config = cluster.config
     note = None
     if scheduler not in config.scheduler_names:
-        note = (
-            f"spec.schedulerName {scheduler!r} is not one the gpushare operator serves "
-            f"({', '.join(sorted(config.scheduler_names))}): it will not place this pod"
-        )
+        note = _not_served(info, scheduler, sorted(config.scheduler_names))
     condition = None if simulated else _pod_scheduled(pod)
     cache = build_cache(cluster)
     decided = plan(cache, info, config.policy)
@@ -220,11 +265,35 @@ def explain(cluster: Cluster, pod: Body, *, simulated: bool = False) -> Explanat
             simulated=simulated,
         )
     else:
+        on_empty = plan(build_cache(replace(cluster, pods=[])), info, config.policy)
         outcome = Unplaceable(
-            policy=config.policy, reason=decided.message, nodes=_verdicts(cache, info)
+            policy=config.policy,
+            reason=decided.message,
+            nodes=_verdicts(cache, info),
+            never=isinstance(on_empty, Refusal),
         )
     return Explanation(
-        pod=name, scheduler_name=scheduler, outcome=outcome, note=note, pod_scheduled=condition
+        pod=name,
+        scheduler_name=scheduler,
+        outcome=outcome,
+        note=note,
+        pod_scheduled=condition,
+        leader=cluster.leader,
+    )
+
+
+def _not_served(pod: PodInfo, scheduler: str, served: list[str]) -> str:
+    """What really happens to a pod that names a scheduler the operator does not serve."""
+    said = (
+        f"spec.schedulerName {scheduler!r} is not one the gpushare operator serves "
+        f"({', '.join(served)}): it will not place this pod"
+    )
+    if not isinstance(pod.demand, Demand) or pod.demand.request.kind is None:
+        return f"{said}; {scheduler} does, if it runs"
+    return (
+        f"{said}. {scheduler}, if it runs, binds it with no card chosen, and the gpushare "
+        f"device plugin then refuses to start it (the pod fails with UnexpectedAdmissionError): "
+        f"create it with spec.schedulerName: {served[0]}"
     )
 
 

@@ -33,6 +33,13 @@ class Option:
     """The default as text, where the configuration class has none to take it from."""
     live: str | None = None
     """Its key in a live configuration resource's spec; None when it only applies at start-up."""
+    schema: Mapping[str, Any] | None = None
+    """The OpenAPI schema of its live key's value (the CRD's, so that the apiserver refuses
+    a bad value at apply time); required with `live`."""
+
+    def __post_init__(self) -> None:
+        if (self.live is None) != (self.schema is None):
+            raise ValueError(f"option {self.field}: a live key needs a schema, and only it")
 
 
 def add_flags(

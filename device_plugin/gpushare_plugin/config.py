@@ -39,6 +39,8 @@ class PluginConfig:
     metrics_port: int
     health: HealthPolicy
     allocate_wait_s: float
+    heartbeat_s: float
+    """How often the GPUNode's heartbeat annotation is renewed."""
     scheduler_names: frozenset[str]
     """Only pods of these schedulers (the operator's) are served."""
     log_level: str
@@ -77,6 +79,10 @@ def _factor(raw: str) -> int | None:
 
 def _seconds(raw: str) -> float:
     return options.bounded(raw, float, low=0.0, must="must be a number >= 0")
+
+
+def _positive_seconds(raw: str) -> float:
+    return options.bounded(raw, float, low=0.0, above=True, must="must be a number > 0")
 
 
 # The health options have no PluginConfig field of their own: together they make `health`.
@@ -152,6 +158,15 @@ OPTIONS = (
         default="5",
         parse=_seconds,
         help="seconds Allocate waits for the operator's assignment of the pod",
+    ),
+    Option(
+        field="heartbeat_s",
+        env="GPUSHARE_HEARTBEAT_SECONDS",
+        flag="--heartbeat-seconds",
+        default="30",
+        parse=_positive_seconds,
+        help="seconds between heartbeats on the node's GPUNode (the operator marks it Stale "
+        "after its --plugin-stale-after, 90 s by default)",
     ),
     Option(
         field="scheduler_names",

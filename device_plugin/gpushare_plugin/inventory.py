@@ -1,12 +1,17 @@
 """Publishes what the plugin found: the GPUNode spec (cards, unit, plugin version, health),
-owned by the Node, and the node's `volcano.sh/gpu-unhealthy-ids` annotation."""
+owned by the Node, and the node's `volcano.sh/gpu-unhealthy-ids` annotation; and, every
+`--heartbeat-seconds`, that the plugin still runs (the GPUNode's heartbeat annotation, which
+the operator turns into its `Ready` and `Stale` conditions)."""
 
 from __future__ import annotations
+
+import asyncio
 
 import aiohttp
 
 from gpushare import logs
 from gpushare.kube import ApiError
+from gpushare.kube.clock import rfc3339
 from gpushare_plugin.devices import DeviceTable
 from gpushare_plugin.kubeapi import PluginApi
 
@@ -43,3 +48,19 @@ class InventoryPublisher:
             unhealthy=self._table.unhealthy_indices(),
         )
         return True
+
+    async def heartbeat(self) -> bool:
+        """Say that the plugin runs, now; False when the API refused (logged)."""
+        try:
+            await self._api.heartbeat(self._table.node, rfc3339())
+        except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as error:
+            self._log.warning("heartbeat failed", error=repr(error))
+            return False
+        return True
+
+
+async def keep_beating(publisher: InventoryPublisher, interval_s: float) -> None:
+    """The heartbeat, every `interval_s`, until cancelled."""
+    while True:
+        await publisher.heartbeat()
+        await asyncio.sleep(interval_s)

@@ -108,6 +108,22 @@ class PluginApi:
             )
         )
 
+    async def heartbeat(self, node: str, stamp: str) -> None:
+        """Set the node's GPUNode heartbeat annotation to `stamp`."""
+        await raw_json(
+            self._objects.patch_cluster_custom_object(
+                contract.INVENTORY_GROUP,
+                contract.INVENTORY_VERSION,
+                contract.INVENTORY_PLURAL,
+                node,
+                {"metadata": {"annotations": {contract.PLUGIN_HEARTBEAT: stamp}}},
+                # A merge patch: the client's default for custom objects is a JSON Patch.
+                _content_type="application/merge-patch+json",  # type: ignore[call-arg]
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
+        )
+
     async def set_unhealthy_ids(self, node: str, value: str | None) -> None:
         """Write (or, with None, remove) the node's `volcano.sh/gpu-unhealthy-ids`."""
         patch = {"metadata": {"annotations": {contract.GPU_UNHEALTHY_IDS: value}}}

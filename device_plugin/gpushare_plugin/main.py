@@ -28,7 +28,7 @@ from gpushare_plugin.discovery import Discovery, DiscoveryError
 from gpushare_plugin.discovery.fake import FakeDiscovery
 from gpushare_plugin.discovery.nvml import NvmlDiscovery
 from gpushare_plugin.health import CardHealth, watch_health
-from gpushare_plugin.inventory import InventoryPublisher
+from gpushare_plugin.inventory import InventoryPublisher, keep_beating
 from gpushare_plugin.kubeapi import PluginApi
 from gpushare_plugin.lifecycle import Supervisor
 from gpushare_plugin.metrics import PluginMetrics
@@ -116,6 +116,7 @@ async def run(config: PluginConfig, stop: asyncio.Event) -> int:
                 stop,
                 serving=supervisor.run(stop),
                 watching=pods.run(),
+                heartbeat=keep_beating(publisher, config.heartbeat_s),
                 health=watch_health(
                     discovery=discovery,
                     health=health,

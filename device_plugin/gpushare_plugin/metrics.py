@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+import platform
+from importlib.metadata import version
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
 
 class PluginMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        Info("gpushare_plugin_build", "The device plugin's version.", registry=self.registry).info(
+            {"version": version("kube-gpushare"), "python": platform.python_version()}
+        )
         self.allocations = Counter(
             "gpushare_plugin_allocate_total",
             "Allocate calls by resource and result (ok, no_candidate, error).",

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     images.add_argument(
         "--base", type=Path, help="an OCI archive of the base image (default: Debian's, made here)"
     )
-    for name in ("demo", "up", "status", "down"):
+    for name in ("demo", "up", "status", "env", "down"):
         command = commands.add_parser(name)
         command.add_argument("--dir", type=Path, default=cache_dir() / "cluster")
     add_node = commands.add_parser("add-node", help="create a fake GPU node")
@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         "demo": lambda: _demo(args.dir),
         "up": lambda: _up(args.dir),
         "status": lambda: _status(args.dir),
+        "env": lambda: _env(args.dir),
         "down": lambda: _down(args.dir),
         "add-node": lambda: _add_node(
             args.dir,
@@ -169,16 +170,36 @@ def _demo(directory: Path) -> int:
     )
     demo.show(directory, kubeconfig)
     flag = f" --dir {directory}" if directory != cache_dir() / "cluster" else ""
-    tools = [ensure_binaries().kubectl.parent, Path(sys.executable).parent]
+    exports = "\n".join(f"  {line}" for line in _exports(kubeconfig))
     print(
-        f"\nEverything keeps running. Go on with kubectl, gpushare and kubectl gpushare:\n"
-        f"  export KUBECONFIG={kubeconfig}\n"
-        f"  export PATH={':'.join(str(t) for t in tools)}:$PATH\n"
+        f"\nEverything keeps running. Go on with kubectl, gpushare and kubectl gpushare\n"
+        f'(or: eval "$(.venv/bin/gpushare-dev env)"):\n'
+        f"{exports}\n"
         f"  kubectl get gpunodes; kubectl get pods -o wide; kubectl gpushare inspect\n"
         f"  kubectl exec gpu-pod1 -- env\n"
         f"Logs: {directory}/*.log; the real node's: {cluster.nodes[demo.REAL_NODE].directory}\n"
         f"Stop it all: " + (f"gpushare-dev down{flag}" if flag else "make down")
     )
+    return 0
+
+
+def _exports(kubeconfig: Path) -> list[str]:
+    """The shell lines that put the running cluster's kubectl, gpushare and kubectl-gpushare
+    on the PATH and point them at it."""
+    tools = [ensure_binaries(log=False).kubectl.parent, Path(sys.executable).parent]
+    return [
+        f"export KUBECONFIG={kubeconfig}",
+        f"export PATH={':'.join(str(t) for t in tools)}:$PATH",
+    ]
+
+
+def _env(directory: Path) -> int:
+    state = _state(directory)
+    if not _running(state):
+        print(f"gpushare-dev env: no cluster is running (state in {directory})", file=sys.stderr)
+        return 1
+    assert state is not None
+    print("\n".join(_exports(Path(state["kubeconfig"]))))
     return 0
 
 

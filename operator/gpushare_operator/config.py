@@ -17,6 +17,7 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
+from enum import Enum
 
 from gpushare import options
 from gpushare.model import Policy, contract
@@ -52,6 +53,7 @@ class OperatorConfig:
     identity: str = field(default_factory=_default_identity)
     metrics_port: int = 9090
     status_interval_s: float = 2.0
+    plugin_stale_after_s: float = 90.0
     log_level: str = "info"
     memory_unit_mib: int = contract.DEFAULT_MEMORY_UNIT_MIB
     pod_memory_limits: LimitsIn = LimitsIn.MIB
@@ -71,15 +73,26 @@ class OperatorConfig:
         )
 
 
+_MAX_SECONDS = 86400
+
+
 def _seconds(raw: str) -> float:
     return options.bounded(
         raw,
         float,
         low=0.0,
         above=True,
-        high=86400.0,
-        must="must be a number of seconds above 0 and at most 86400",
+        high=float(_MAX_SECONDS),
+        must=f"must be a number of seconds above 0 and at most {_MAX_SECONDS}",
     )
+
+
+_SECONDS_SCHEMA = {
+    "type": "number",
+    "minimum": 0,
+    "exclusiveMinimum": True,
+    "maximum": _MAX_SECONDS,
+}
 
 
 def _count(raw: str) -> int:
@@ -125,14 +138,21 @@ OPTIONS = (
         env="GPUSHARE_SCHEDULER_NAMES",
         flag="--scheduler-names",
         live="schedulerNames",
+        schema={
+            "type": "array",
+            "minItems": 1,
+            "items": {"type": "string", "minLength": 1},
+            "x-kubernetes-list-type": "set",
+        },
         parse=options.scheduler_names,
-        help="comma list of spec.schedulerName values to serve",
+        help="the spec.schedulerName values to serve (a comma list in the environment)",
     ),
     Option(
         field="policy",
         env="GPUSHARE_POLICY",
         flag="--policy",
         live="policy",
+        schema={"type": "string", "enum": [p.value for p in Policy]},
         parse=options.one_of(Policy),
         help=" | ".join(Policy),
     ),
@@ -141,6 +161,7 @@ OPTIONS = (
         env="GPUSHARE_ASSIGNMENT_TIMEOUT",
         flag="--assignment-timeout",
         live="assignmentTimeoutSeconds",
+        schema=_SECONDS_SCHEMA,
         parse=_seconds,
         help="seconds a placement waits behind an unassigned pod of the same request on the "
         "same node before going ahead",
@@ -150,6 +171,7 @@ OPTIONS = (
         env="GPUSHARE_BIND_TIMEOUT",
         flag="--bind-timeout",
         live="bindTimeoutSeconds",
+        schema=_SECONDS_SCHEMA,
         parse=_seconds,
         help="seconds for one Binding call",
     ),
@@ -158,6 +180,7 @@ OPTIONS = (
         env="GPUSHARE_BACKOFF_INITIAL",
         flag="--backoff-initial",
         live="backoffInitialSeconds",
+        schema=_SECONDS_SCHEMA,
         parse=_seconds,
         help="first retry backoff after a failed bind, seconds",
     ),
@@ -166,6 +189,7 @@ OPTIONS = (
         env="GPUSHARE_BACKOFF_MAX",
         flag="--backoff-max",
         live="backoffMaxSeconds",
+        schema=_SECONDS_SCHEMA,
         parse=_seconds,
         help="longest retry backoff after a failed bind, seconds",
     ),
@@ -174,6 +198,7 @@ OPTIONS = (
         env="GPUSHARE_UNSCHEDULABLE_RETRY",
         flag="--unschedulable-retry",
         live="unschedulableRetrySeconds",
+        schema=_SECONDS_SCHEMA,
         parse=_seconds,
         help="seconds after which an unschedulable pod is tried again even if nothing changed",
     ),
@@ -248,6 +273,14 @@ OPTIONS = (
         help="seconds between GPUNode status updates",
     ),
     Option(
+        field="plugin_stale_after_s",
+        env="GPUSHARE_PLUGIN_STALE_AFTER",
+        flag="--plugin-stale-after",
+        parse=_seconds,
+        help="seconds without a device plugin's heartbeat after which its GPUNode is Stale "
+        "(and not Ready): three of the plugins' --heartbeat-seconds",
+    ),
+    Option(
         field="log_level",
         env="GPUSHARE_LOG_LEVEL",
         flag="--log-level",
@@ -259,6 +292,7 @@ OPTIONS = (
         env="GPUSHARE_MEMORY_UNIT_MIB",
         flag="--memory-unit-mib",
         live="memoryUnitMiB",
+        schema={"type": "integer", "minimum": 1, "maximum": MAX_UNIT_MIB},
         parse=_unit,
         help="MiB per gpu-memory device, the device plugins' GPU_MEMORY_FACTOR: the admission "
         "webhook converts new pods' limits to it",
@@ -268,6 +302,7 @@ OPTIONS = (
         env="GPUSHARE_POD_MEMORY_LIMITS",
         flag="--pod-memory-limits",
         live="podMemoryLimits",
+        schema={"type": "string", "enum": [unit.value for unit in LimitsIn]},
         parse=options.one_of(LimitsIn),
         help="what pods' gpu-memory limits count: MiB (converted at creation) | Units (left "
         "as written, as with Volcano's --gpu-memory-factor)",
@@ -277,6 +312,7 @@ OPTIONS = (
         env="GPUSHARE_SET_SCHEDULER_NAME",
         flag="--set-scheduler-name",
         live="setSchedulerName",
+        schema={"type": "boolean"},
         parse=_boolean,
         help="true | false: give GPU pods that name kube-scheduler the first served name "
         "(else they are refused at creation)",
@@ -324,6 +360,44 @@ OPTIONS = (
 LIVE_FIELDS = {option.live: option.field for option in OPTIONS if option.live}
 
 
+def live_view(config: OperatorConfig) -> dict[str, object]:
+    """`config`'s values of the live fields, as a GPUShareConfig spec writes them (what
+    `with_live` reads back): the operator publishes it (`contract.EFFECTIVE_CONFIG`)."""
+    shown: dict[str, object] = {}
+    for option in OPTIONS:
+        if option.live:
+            value = getattr(config, option.field)
+            if isinstance(value, frozenset):
+                value = sorted(value)
+            elif isinstance(value, Enum):
+                value = value.value
+            shown[option.live] = value
+    return shown
+
+
+def live_spec_schema() -> dict[str, object]:
+    """The OpenAPI schema of a GPUShareConfig's spec, from `OPTIONS` (the CRD must hold it:
+    tests/unit/test_manifests.py): each live key with its type, bounds and help, so that
+    `kubectl explain gpushareconfig.spec` documents it and the apiserver refuses a bad value
+    (and, with kubectl's strict field validation, an unknown key) at apply time. The operator
+    still checks what a schema cannot: values against the environment's (a backoff initial
+    above the maximum)."""
+    return {
+        "type": "object",
+        "description": "Fields left out keep the operator's flag or environment value.",
+        "properties": {
+            option.live: {**option.schema, "description": _described(option)}
+            for option in OPTIONS
+            if option.live and option.schema
+        },
+    }
+
+
+def _described(option: Option) -> str:
+    default = _defaults()[option.field]
+    return f"{option.help}. Default: {default} (${option.env})."
+
+
 def _spelled(value: object) -> str:
     """A default as its environment variable would spell it."""
     if isinstance(value, frozenset):
@@ -335,15 +409,18 @@ def _spelled(value: object) -> str:
     return str(value)
 
 
-def add_flags(parser: argparse.ArgumentParser) -> None:
-    """A flag per option, its help naming the variable and the default (the identity's is
-    computed at start-up, and said in its help)."""
-    defaults = {
+def _defaults() -> dict[str, str]:
+    """Each field's default as text (the identity's is computed at start-up)."""
+    return {
         item.name: _spelled(item.default)
         for item in fields(OperatorConfig)
         if item.default is not MISSING
     }
-    options.add_flags(parser, OPTIONS, defaults)
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """A flag per option, its help naming the variable and the default."""
+    options.add_flags(parser, OPTIONS, _defaults())
 
 
 def _apply(base: OperatorConfig, given: Mapping[str, tuple[str, str]]) -> OperatorConfig:

@@ -5,7 +5,9 @@ Lease also runs the decision loop and the status writer. A holder renews every
 `retry_period_s`; it stops leading if it cannot renew within `renew_deadline_s`; a standby
 takes over once `lease_duration_s` has passed since the last renewal (or at once when the
 holder releases the Lease on a clean shutdown). kopf's peering is not used: it pauses
-operators by priority and does not elect a leader.
+operators by priority and does not elect a leader. The holder keeps the configuration it
+decides with on the Lease (`contract.EFFECTIVE_CONFIG`), so that the `gpushare` CLI decides
+as it does.
 
 Not `kubernetes_asyncio.leaderelection`: its elector never releases the Lease when its holder
 stops (a rolling update would leave the cluster without a scheduler for a whole lease
@@ -17,6 +19,7 @@ stand again), and does not say when the API last answered, which the liveness pr
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +27,8 @@ from typing import Any
 from gpushare import logs
 from gpushare.kube import ApiError
 from gpushare.kube.clock import micro_time, parse_time
-from gpushare_operator.config import OperatorConfig
+from gpushare.model import contract
+from gpushare_operator.config import OperatorConfig, live_view
 from gpushare_operator.kubeapi import SchedulerApi
 
 
@@ -115,7 +119,11 @@ class LeaseElector:
                 body = {
                     "apiVersion": "coordination.k8s.io/v1",
                     "kind": "Lease",
-                    "metadata": {"name": config.lease_name, "namespace": config.lease_namespace},
+                    "metadata": {
+                        "name": config.lease_name,
+                        "namespace": config.lease_namespace,
+                        "annotations": _published(config),
+                    },
                     "spec": {
                         "holderIdentity": config.identity,
                         "leaseDurationSeconds": duration,
@@ -138,6 +146,8 @@ class LeaseElector:
             spec.update(
                 holderIdentity=config.identity, renewTime=stamp, leaseDurationSeconds=duration
             )
+            metadata = lease.setdefault("metadata", {})
+            metadata["annotations"] = {**(metadata.get("annotations") or {}), **_published(config)}
             # resourceVersion in the body: a concurrent writer makes this a 409.
             await self._api.write_lease(config.lease_namespace, lease, create=False)
             return True
@@ -155,6 +165,11 @@ class LeaseElector:
         except (OSError, TimeoutError) as error:
             self._log.warning("lease_write_failed", error=repr(error))
             return False
+
+
+def _published(config: OperatorConfig) -> dict[str, str]:
+    """The Lease's annotation saying how the holder decides (read by the `gpushare` CLI)."""
+    return {contract.EFFECTIVE_CONFIG: json.dumps(live_view(config), sort_keys=True)}
 
 
 class _Unreachable(Exception):

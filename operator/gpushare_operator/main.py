@@ -13,6 +13,7 @@ import sys
 
 import kopf
 
+from gpushare import logs
 from gpushare_operator.config import OPTIONS, ConfigError, add_flags, from_env
 
 
@@ -30,10 +31,11 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None:
             os.environ[option.env] = value  # what the handlers' from_env() reads
     try:
-        from_env()  # refuse a bad configuration before connecting anywhere
+        config = from_env()  # refuse a bad configuration before connecting anywhere
     except ConfigError as error:
         print(f"gpushare-operator: {error}", file=sys.stderr)
         return 2
+    logs.configure(config.log_level)  # kopf's own lines before the startup handler, too
     from gpushare_operator import handlers  # noqa: F401, PLC0415  (importing registers them)
 
     kopf.run(clusterwide=True, standalone=True, liveness_endpoint=args.liveness or None)

@@ -1,13 +1,23 @@
-"""Prometheus metrics of the scheduler (served by prometheus_client on its own thread)."""
+"""Prometheus metrics of the scheduler (served by prometheus_client on its own thread), in
+base units (seconds, bytes), named as kube-scheduler names its own where one exists
+(`scheduler_pending_pods`, `scheduler_scheduling_attempt_duration_seconds`)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+import platform
+from importlib.metadata import version
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+
+MIB = 1 << 20
 
 
 class SchedulerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        Info("gpushare_build", "The operator's version.", registry=self.registry).info(
+            {"version": version("kube-gpushare"), "python": platform.python_version()}
+        )
         self.attempts = Counter(
             "gpushare_schedule_attempts_total",
             "Scheduling attempts by result (scheduled, unschedulable, error).",
@@ -20,15 +30,28 @@ class SchedulerMetrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
             registry=self.registry,
         )
-        self.card_allocated_mib = Gauge(
-            "gpushare_card_allocated_mib",
-            "GPU memory allocated on each card, in MiB (gpu-number pods hold the whole card).",
+        self.attempt_duration = Histogram(
+            "gpushare_scheduling_attempt_duration_seconds",
+            "Time to decide for one pod (filter, score, assume), by result.",
+            ["result"],
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1),
+            registry=self.registry,
+        )
+        self.card_allocated_bytes = Gauge(
+            "gpushare_card_allocated_bytes",
+            "GPU memory allocated on each card (gpu-number pods hold the whole card).",
             ["node", "card"],
             registry=self.registry,
         )
-        self.queue_depth = Gauge(
-            "gpushare_queue_pods",
-            "Pods waiting to be scheduled, by queue.",
+        self.card_capacity_bytes = Gauge(
+            "gpushare_card_capacity_bytes",
+            "GPU memory of each card, as its device plugin reported it.",
+            ["node", "card"],
+            registry=self.registry,
+        )
+        self.pending_pods = Gauge(
+            "gpushare_pending_pods",
+            "Pods waiting to be scheduled, by queue (active, backoff, unschedulable).",
             ["queue"],
             registry=self.registry,
         )

@@ -68,7 +68,11 @@ class Scheduler:
         try:
             while True:
                 uid = await self.queue.pop()
+                started = time.perf_counter()
                 decision = self.schedule_one(uid)
+                self._metrics.attempt_duration.labels(
+                    "unschedulable" if decision is None else "scheduled"
+                ).observe(time.perf_counter() - started)
                 if decision is not None:
                     await self._slots.acquire()  # bounds the binds in flight
                     task = asyncio.create_task(
@@ -77,9 +81,9 @@ class Scheduler:
                     self._binds.add(task)
                     task.add_done_callback(self._binds.discard)
                 depth = self.queue.depth()
-                self._metrics.queue_depth.labels("active").set(depth.active)
-                self._metrics.queue_depth.labels("backoff").set(depth.backoff)
-                self._metrics.queue_depth.labels("unschedulable").set(depth.parked)
+                self._metrics.pending_pods.labels("active").set(depth.active)
+                self._metrics.pending_pods.labels("backoff").set(depth.backoff)
+                self._metrics.pending_pods.labels("unschedulable").set(depth.parked)
         finally:
             for task in self._binds:
                 task.cancel()

@@ -49,7 +49,7 @@ def test_the_demo_shows_the_guide_and_down_stops_everything(
                 line.split()[:2] == [pod, "0"] and line.split()[-1] == "true"
                 for line in out.splitlines()
             ), f"{pod}: gpu-index 0 and gpu-assigned true not shown"
-        assert "default/gpu-pod1, default/gpu-pod2" in out  # gpushare inspect -d
+        assert "default/gpu-pod1 1024 MiB, default/gpu-pod2 1024 MiB" in out  # inspect -d
         assert f"export KUBECONFIG={directory / 'kubeconfig'}" in out
         assert "export PATH=" in out  # kubectl, gpushare and kubectl gpushare
         state = json.loads((directory / "state.json").read_text())

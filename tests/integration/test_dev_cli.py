@@ -1,4 +1,4 @@
-"""`gpushare-dev up/status/add-node/down`: the local cluster a person starts by hand."""
+"""`gpushare-dev up/status/env/add-node/down`: the local cluster a person starts by hand."""
 
 from __future__ import annotations
 
@@ -54,6 +54,17 @@ def test_up_add_node_status_and_down(tmp_path: Path, control_plane: ControlPlane
         assert inventory is not None
         assert [c.memory for c in inventory.cards] == [11178] * 8
         assert dev("status", "--dir", str(directory)).returncode == 0
+        env = dev("env", "--dir", str(directory))
+        assert env.returncode == 0, env.stderr
+        exported = subprocess.run(
+            ["bash", "-c", f"{env.stdout}\nkubectl get node gpu-node-1 -o name; which gpushare"],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={"PATH": "/usr/bin:/bin"},
+        )
+        assert exported.stdout.splitlines()[0] == "node/gpu-node-1", exported.stderr
+        assert exported.stdout.splitlines()[1].endswith("/gpushare")
     finally:
         down = dev("down", "--dir", str(directory))
     assert down.returncode == 0, down.stderr
@@ -61,6 +72,7 @@ def test_up_add_node_status_and_down(tmp_path: Path, control_plane: ControlPlane
     status = dev("status", "--dir", str(directory))
     assert status.returncode == 1
     assert "not running" in status.stdout
+    assert "no cluster is running" in dev("env", "--dir", str(directory)).stderr
 
 
 def test_add_node_without_a_cluster_says_how_to_start_one(tmp_path: Path) -> None:

@@ -7,6 +7,8 @@ from typing import Any
 
 import yaml
 
+from gpushare_operator.config import live_spec_schema
+
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 
 
@@ -87,3 +89,26 @@ def test_containers_run_without_privilege() -> None:
                 assert context["capabilities"]["drop"] == ["ALL"]
                 assert not context.get("privileged")
                 assert container["resources"]["requests"]
+
+
+CHART_CRDS = MANIFESTS.parent / "charts" / "gpushare" / "crds"
+
+
+def test_the_chart_installs_the_same_crds_as_the_manifests() -> None:
+    for path in sorted((MANIFESTS / "base" / "crds").glob("*.yaml")):
+        assert (CHART_CRDS / path.name).read_text() == path.read_text(), path.name
+
+
+def test_the_gpushareconfig_schema_is_the_operators_option_table() -> None:
+    (crd,) = documents(MANIFESTS / "base" / "crds" / "gpushareconfigs.gpushare.io.yaml")
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    expected = yaml.safe_dump(live_spec_schema(), sort_keys=False, width=95)
+    assert schema["properties"]["spec"] == live_spec_schema(), (
+        "put this under openAPIV3Schema.properties.spec of both GPUShareConfig CRDs:\n" + expected
+    )
+
+
+def test_every_crd_is_in_the_gpushare_category() -> None:
+    for path in sorted((MANIFESTS / "base" / "crds").glob("*.yaml")):
+        (crd,) = documents(path)
+        assert "gpushare" in crd["spec"]["names"].get("categories", []), path.name

@@ -89,13 +89,18 @@ def _status_message(text: str) -> str:
     return text
 
 
-async def api_client(kubeconfig: Path | None = None) -> client.ApiClient:
-    """An ApiClient for `kubeconfig`, else the in-cluster service account, else the default
-    kubeconfig. The caller closes it (`async with`)."""
+async def api_client(
+    kubeconfig: Path | None = None, *, context: str | None = None
+) -> client.ApiClient:
+    """An ApiClient for `kubeconfig` (its `context`, else its current one), else the in-cluster
+    service account, else the default kubeconfig ($KUBECONFIG, ~/.kube/config). The caller
+    closes it (`async with`)."""
     configuration = client.Configuration()
-    if kubeconfig is not None:
+    if kubeconfig is not None or context is not None:
         await config.load_kube_config(
-            config_file=str(kubeconfig), client_configuration=configuration
+            config_file=None if kubeconfig is None else str(kubeconfig),
+            context=context,
+            client_configuration=configuration,
         )
     else:
         try:

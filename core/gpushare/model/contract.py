@@ -50,6 +50,10 @@ INVENTORY_VERSION: Final = "v1alpha1"
 INVENTORY_PLURAL: Final = "gpunodes"
 INVENTORY_KIND: Final = "GPUNode"
 
+PLUGIN_HEARTBEAT: Final = "gpushare.io/plugin-heartbeat"
+"""GPUNode annotation: when the node's device plugin last said it runs (RFC 3339), renewed
+every `--heartbeat-seconds`; the operator turns it into the `Ready` and `Stale` conditions."""
+
 # Our live configuration custom resource: cluster-scoped; the operator reads only the one
 # named LIVE_CONFIG_NAME and writes its status, the CLI reads it to decide as the operator does.
 CONFIG_GROUP: Final = INVENTORY_GROUP
@@ -57,6 +61,9 @@ CONFIG_VERSION: Final = INVENTORY_VERSION
 CONFIG_PLURAL: Final = "gpushareconfigs"
 CONFIG_KIND: Final = "GPUShareConfig"
 LIVE_CONFIG_NAME: Final = "default"
+EFFECTIVE_CONFIG: Final = "gpushare.io/effective-config"
+"""Annotation the leading operator keeps on its Lease: the configuration it decides with (its
+environment and the live GPUShareConfig, as a GPUShareConfig spec in JSON), for the CLI."""
 
 # Card health, spelled as the kubelet device-plugin API spells device health.
 HEALTHY: Final = "Healthy"

@@ -1,10 +1,69 @@
-"""The status a GPUNode resource shows: what is allocated on each card, and to whom."""
+"""The status a GPUNode resource shows: what is allocated on each card, and to whom, and
+whether its device plugin is alive (conditions)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gpushare.model.usage import NodeUsage
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Heartbeat:
+    """What the operator knows of a node's device plugin, at `now` (unix seconds)."""
+
+    last: float | None
+    """The plugin's last heartbeat; None when it has written none (a plugin too old)."""
+    now: float
+    stale_after_s: float
+
+
+def gpunode_conditions(
+    heartbeat: Heartbeat,
+    healthy_cards: int,
+    previous: Sequence[Mapping[str, Any]],
+    stamp: str,
+) -> list[dict[str, Any]]:
+    """`Ready` (the plugin is alive and a card is healthy) and `Stale` (the plugin's
+    heartbeat stopped), as Kubernetes conditions: `lastTransitionTime` moves (to `stamp`)
+    only when a condition's status changes. Messages never carry ages, so an unchanged state
+    writes nothing."""
+    if heartbeat.last is None:
+        stale = ("Unknown", "NoHeartbeat", "the device plugin writes no heartbeat (too old?)")
+    elif heartbeat.now - heartbeat.last > heartbeat.stale_after_s:
+        stale = (
+            "True",
+            "HeartbeatStopped",
+            f"no heartbeat from the device plugin for more than {heartbeat.stale_after_s:g} s: "
+            f"is its pod running on the node?",
+        )
+    else:
+        stale = ("False", "HeartbeatFresh", "the device plugin is running")
+    if stale[0] != "False":
+        ready = ("False" if stale[0] == "True" else "Unknown", stale[1], stale[2])
+    elif healthy_cards == 0:
+        ready = ("False", "NoHealthyCard", "every card is Unhealthy")
+    else:
+        ready = ("True", "PluginReady", f"{healthy_cards} healthy card(s) served")
+    before = {str(c.get("type")): c for c in previous}
+    conditions = []
+    for kind, (status, reason, message) in (("Ready", ready), ("Stale", stale)):
+        old = before.get(kind)
+        since = stamp
+        if old is not None and old.get("status") == status:
+            since = str(old.get("lastTransitionTime") or stamp)
+        conditions.append(
+            {
+                "type": kind,
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": since,
+            }
+        )
+    return conditions
 
 
 def gpunode_status(usage: NodeUsage) -> dict[str, Any]:

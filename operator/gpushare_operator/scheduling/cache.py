@@ -171,6 +171,10 @@ class SchedulerCache:
     def gpunode_names(self) -> list[NodeName]:
         return sorted(self._gpunodes)
 
+    def gpunode(self, name: NodeName) -> Body | None:
+        """The node's GPUNode resource as last seen."""
+        return self._gpunodes.get(name)
+
     # -- pods ----------------------------------------------------------------------------
 
     def is_ours(self, pod: PodInfo) -> bool:

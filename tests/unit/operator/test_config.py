@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
+import json
+from dataclasses import fields, replace
 
 import pytest
 
@@ -15,6 +16,7 @@ from gpushare_operator.config import (
     OperatorConfig,
     add_flags,
     from_env,
+    live_view,
     with_live,
 )
 from gpushare_operator.main import main
@@ -125,3 +127,14 @@ def test_main_refuses_a_bad_flag_before_connecting_and_a_flag_wins_over_the_envi
     refusal = capsys.readouterr().err
     assert "GPUSHARE_POLICY='worstfit'" in refusal
     assert "GPUSHARE_BIND_TIMEOUT" not in refusal
+
+
+def test_the_published_configuration_reads_back_as_the_same_decisions() -> None:
+    config = from_env({"GPUSHARE_POLICY": "firstfit", "GPUSHARE_SCHEDULER_NAMES": "b,a"})
+    published = live_view(config)
+    assert published["policy"] == "firstfit"
+    assert published["schedulerNames"] == ["a", "b"]
+    assert json.loads(json.dumps(published)) == published
+    assert with_live(OperatorConfig(), published) == replace(
+        OperatorConfig(), **{f: getattr(config, f) for f in LIVE_FIELDS.values()}
+    )

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from admitting import create
-from cluster import gpu_pod
+from cluster import eventually, gpu_pod
 from kubernetes_asyncio import client
 
 from gpushare.model import contract
@@ -108,3 +108,52 @@ async def test_the_components_need_no_more_than_their_roles(
         # Every refusal the apiserver gives reads "... is forbidden: User ... cannot ...".
         log = process.log.read_text().lower()
         assert "forbidden" not in log, f"{process.name} was refused:\n{process.tail()}"
+
+
+BAD_CONFIGS = [  # (name, spec line, what the apiserver says)
+    ("default", "polcy: spread", 'unknown field "spec.polcy"'),
+    ("default", "policy: worstfit", 'Unsupported value: "worstfit"'),
+    ("default", "bindTimeoutSeconds: -1", "spec.bindTimeoutSeconds: Invalid value"),
+    ("default", "schedulerNames: []", "spec.schedulerNames: Invalid value"),
+    ("default", "memoryUnitMiB: 1Gi", 'spec.memoryUnitMiB: Invalid value: "string"'),
+    ("team-a", "policy: spread", "reads only the GPUShareConfig named default"),
+]
+
+
+@pytest.mark.usefixtures("api")  # installs the CRDs
+async def test_a_bad_live_configuration_is_refused_at_apply_time(
+    plane: ControlPlane, tmp_path: Path
+) -> None:
+    def dry_run(name: str, spec: str) -> subprocess.CompletedProcess[str]:
+        path = tmp_path / "config.yaml"
+        path.write_text(
+            f"apiVersion: gpushare.io/v1alpha1\nkind: GPUShareConfig\nmetadata:\n"
+            f"  name: {name}\nspec:\n  {spec}\n"
+        )
+        return kubectl(plane, "apply", "--dry-run=server", "-f", str(path))
+
+    for name, spec, refusal in BAD_CONFIGS:
+        refused = dry_run(name, spec)
+        assert refused.returncode != 0, (name, spec)
+        assert refusal in refused.stderr, refused.stderr
+    good = dry_run("default", "policy: spread")
+    assert good.returncode == 0, good.stderr
+
+
+@pytest.mark.usefixtures("api")  # installs the CRDs
+async def test_kubectl_documents_the_resources_and_lists_them_as_one_category(
+    plane: ControlPlane,
+) -> None:
+    async def explained_once_published() -> subprocess.CompletedProcess[str] | None:
+        # Established is not yet published: the apiserver adds a new CRD's schema to its
+        # OpenAPI document (which `kubectl explain` reads) a moment later.
+        done = await asyncio.to_thread(kubectl, plane, "explain", "gpushareconfig.spec.policy")
+        return done if done.returncode == 0 else None
+
+    explained = await eventually(explained_once_published, timeout_s=30, what="kubectl explain")
+    words = " ".join(explained.stdout.split())  # kubectl wraps long descriptions
+    assert "bestfit | firstfit | binpack | spread. Default: bestfit ($GPUSHARE_POLICY)" in words
+    cards = kubectl(plane, "explain", "gpunode.spec.cards.memoryMiB")
+    assert "The card's total memory, MiB." in " ".join(cards.stdout.split()), cards.stderr
+    listed = kubectl(plane, "api-resources", "--categories=gpushare", "-o", "name")
+    assert sorted(listed.stdout.split()) == ["gpunodes.gpushare.io", "gpushareconfigs.gpushare.io"]

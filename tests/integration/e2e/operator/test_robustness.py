@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import ssl
 import time
@@ -313,6 +314,12 @@ async def test_answers_lost_mid_request_stop_nothing_and_bind_no_pod_twice(
         assert operator.running
         logged = operator.log_events()
         assert not [e for e in logged if e.get("event") == "task_failed"]
+        # Every line is a JSON object, kopf's own (its start-up) among them.
+        lines = operator.log.read_text().splitlines()
+        assert [line for line in lines if not line.startswith("{")] == []
+        assert {"kopf.activities.startup", "election"} <= {
+            json.loads(line)["component"] for line in lines
+        }
         binds = [e["pod"] for e in logged if e.get("event") == "pod_bound"]
         assert sorted(binds) == sorted({*binds})
         for name in [*names, "after"]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from cluster import create_pod, events_of, gpu_pod, list_pods
+from cluster import create_pod, gpu_pod, list_pods, reasons_once_scheduled
 from kubernetes_asyncio import client
 
 from gpushare.model import contract
@@ -60,7 +60,7 @@ async def burst(
         assert (
             env[contract.ENV_VISIBLE_DEVICES] == pod["metadata"]["annotations"][contract.GPU_INDEX]
         )
-        assert [e["reason"] for e in await events_of(core, name)] == ["Scheduled"], name
+        assert await reasons_once_scheduled(core, name) == ["Scheduled"], name
     assert not seen.reported
 
 

@@ -8,6 +8,7 @@ device ids the kubelet recorded, node capacity, pod annotations and status, the 
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 import urllib.request
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from gpushare.kube import raw_json
 from gpushare.model import contract
 from gpushare.model.annotations import CardIndex
 from gpushare.model.devices import CardDevices, memory_message_size, smallest_fitting_unit
+from gpushare_harness import ControlPlane
 from gpushare_harness.controlplane import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -232,6 +234,45 @@ async def test_a_kubelet_restart_makes_the_plugin_register_again(
     await create_pod(core, gpu_pod("after", 2048))
     line = await started(node, "after")
     assert line["envs"] == guide_env("0", 2048)
+
+
+async def test_a_gpunode_is_ready_while_its_plugin_beats_and_stale_once_it_stops(
+    api: client.ApiClient,
+    plane: ControlPlane,
+    gpu_node: Callable[..., Any],
+    start_operator: Callable[..., Any],
+) -> None:
+    node = await gpu_node("beating", "2x11178", plugin_args=["--heartbeat-seconds=0.5"])
+    start_operator(GPUSHARE_PLUGIN_STALE_AFTER="3")
+
+    async def conditions() -> dict[str, str]:
+        found = (await gpunode(api, "beating")).get("status", {}).get("conditions", [])
+        return {c["type"]: c["status"] for c in found}
+
+    async def ready() -> bool:
+        return await conditions() == {"Ready": "True", "Stale": "False"}
+
+    await eventually(ready, timeout_s=15, what="Ready")
+    kubectl = [str(plane.binaries.kubectl), "--kubeconfig", str(plane.kubeconfig)]
+    listed = (
+        await asyncio.to_thread(
+            subprocess.run,
+            [*kubectl, "get", "gpunodes"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
+    ).stdout
+    assert listed.split("\n")[0].split()[:2] == ["NAME", "READY"]
+    assert listed.split("\n")[1].split()[:2] == ["beating", "True"]
+
+    node.plugin.stop()
+
+    async def stale() -> bool:
+        return await conditions() == {"Ready": "False", "Stale": "True"}
+
+    await eventually(stale, timeout_s=15, what="Stale once the plugin stopped")
 
 
 async def test_an_xid_makes_the_card_unhealthy_and_recovery_restores_it(
