@@ -2,6 +2,7 @@
 A benchmark, not a test: it prints a table and writes JSON; nothing asserts on time.
 
     python bench/operator.py [--nodes 200] [--cards 8] [--pods 2000] [--single 50]
+    python bench/operator.py --gang-size 8 [--gang-mib 8192] [--nodes 200] [--pods 1600]
 
 One fresh control plane with N fake nodes x 8 cards (11178 MiB); then, one after another,
 each scheduler alone on it (the pods of the one before deleted):
@@ -11,14 +12,21 @@ each scheduler alone on it (the pods of the one before deleted):
 - kube-scheduler (v1.36.3, built from the pinned module, its own profile name), once with its
   client limit raised to 5,000 requests/s so that the apiserver is the limit, once at its
   default (50/s); it places the pods by the nodes' `volcano.sh/gpu-memory` totals only;
-- the operator (`python -m gpushare_operator`), with a stand-in in a process of its own that
-  marks bound pods `gpu-assigned` as the device plugins would.
+- the operator (`python -m gpushare_operator`).
+A stand-in in a process of its own marks every bound pod `gpu-assigned` as the device plugins
+would, in every scheduler's phase: the node's write of a GPU pod is the same whoever placed it,
+so each scheduler is measured with the same load on the apiserver per pod (the Binding and its
+Event are the scheduler's own).
 For each: backlog (P pods pending before it starts; pods bound per second from its first
 bind to its last, and its CPU seconds per 1,000 pods over that time), burst (P pods created
 while it runs, 32 creates in flight; pods bound per second from the first create, and
 create-to-bound p50 and p99), single pods (created one at a time into the idle cluster, 5 s
 after the burst, create-to-bound p50 and p99), and its resident memory at the end. Times are
 seen by one watch in this process.
+
+With `--gang-size K`: the operator alone, its backlog of P single pods of `--gang-mib` MiB,
+then of P such pods in gangs of K (Volcano PodGroups, minMember K): bound per second and CPU
+per 1,000 pods of each, and the ratio, in one run.
 """
 
 from __future__ import annotations
@@ -43,10 +51,11 @@ from kubernetes_asyncio import client, watch
 
 from gpushare import kube
 from gpushare.model import contract
+from gpushare.model.gangs import VOLCANO_GROUP_ANNOTATIONS, GroupApi
 from gpushare_harness import ControlPlane, FakeGpuNode, create_gpu_node
 from gpushare_harness.binaries import ensure_binaries
 from gpushare_harness.controlplane import free_port
-from gpushare_harness.crds import install_crds
+from gpushare_harness.crds import install_crds, install_podgroup_crds
 from gpushare_harness.operator import OperatorProcess
 from gpushare_harness.standin import act_as_device_plugins
 
@@ -70,18 +79,21 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def pod(name: str, scheduler: str) -> dict[str, Any]:
+def pod(name: str, scheduler: str, mib: int = 1024, group: str | None = None) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name}
+    if group is not None:
+        metadata["annotations"] = {VOLCANO_GROUP_ANNOTATIONS[0]: group}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name},
+        "metadata": metadata,
         "spec": {
             "schedulerName": scheduler,
             "containers": [
                 {
                     "name": "c",
                     "image": "busybox",
-                    "resources": {"limits": {contract.GPU_MEMORY: "1024"}},
+                    "resources": {"limits": {contract.GPU_MEMORY: str(mib)}},
                 }
             ],
         },
@@ -89,22 +101,48 @@ def pod(name: str, scheduler: str) -> dict[str, Any]:
 
 
 async def create_pods(
-    core: client.CoreV1Api, namespace: str, names: list[str], scheduler: str
+    core: client.CoreV1Api,
+    namespace: str,
+    names: list[str],
+    scheduler: str,
+    *,
+    mib: int = 1024,
+    gang_size: int = 0,
 ) -> dict[str, float]:
-    """Creates the pods, IN_FLIGHT at a time; returns when each create was answered."""
+    """Creates the pods, IN_FLIGHT at a time; returns when each create was answered. With
+    `gang_size`, each run of that many pods is a gang (its PodGroup created first)."""
     limit = asyncio.Semaphore(IN_FLIGHT)
     created: dict[str, float] = {}
+    if gang_size:
+        volcano = GroupApi.VOLCANO
+        objects = client.CustomObjectsApi(core.api_client)  # type: ignore[attr-defined]
+        for first in range(0, len(names), gang_size):
+            await objects.create_namespaced_custom_object(
+                volcano.group,
+                volcano.version,
+                namespace,
+                "podgroups",
+                {
+                    "apiVersion": f"{volcano.group}/{volcano.version}",
+                    "kind": "PodGroup",
+                    "metadata": {"name": f"gang-{first // gang_size}"},
+                    "spec": {"minMember": gang_size},
+                },
+            )
 
-    async def one(name: str) -> None:
+    async def one(number: int, name: str) -> None:
+        group = f"gang-{number // gang_size}" if gang_size else None
         async with limit:
             await kube.raw_json(
                 core.create_namespaced_pod(
-                    namespace, cast(client.V1Pod, pod(name, scheduler)), _preload_content=False
+                    namespace,
+                    cast(client.V1Pod, pod(name, scheduler, mib, group)),
+                    _preload_content=False,
                 )
             )
             created[name] = time.monotonic()
 
-    await asyncio.gather(*(one(name) for name in names))
+    await asyncio.gather(*(one(number, name) for number, name in enumerate(names)))
     return created
 
 
@@ -183,22 +221,9 @@ async def measure(
     await core.create_namespace(cast(client.V1Namespace, {"metadata": {"name": namespace}}))
     backlog = [f"backlog-{i}" for i in range(args.pods)]
     await create_pods(core, namespace, backlog, scheduler.name)
-    keys = [f"{namespace}/{n}" for n in backlog]
-    cpu: dict[str, float] = {}
     pid = scheduler.start()
-
-    def sample() -> None:  # CPU at the first and the last bind of the backlog
-        seen = sum(1 for k in keys if k in binds.at)
-        if seen == 1 or seen == len(keys):
-            cpu["first" if seen == 1 else "last"] = cpu_seconds(pid)
-
-    binds.on_bind = sample
     try:
-        await binds.wait(keys)
-        binds.on_bind = None
-        times = [binds.at[k] for k in keys]
-        backlog_rate = (len(keys) - 1) / (max(times) - min(times))
-        cpu_per_1000 = (cpu["last"] - cpu["first"]) / (len(keys) - 1) * 1000
+        backlog_rate, cpu_per_1000 = await backlog_bound(binds, pid, namespace, backlog)
 
         burst = [f"burst-{i}" for i in range(args.pods)]
         started = time.monotonic()
@@ -230,6 +255,56 @@ async def measure(
         "single_create_to_bound_p99_ms": round(percentile(single, 0.99) * 1000, 1),
         "rss_mib": memory,
     }
+
+
+async def backlog_bound(
+    binds: Binds, pid: int, namespace: str, names: list[str]
+) -> tuple[float, float]:
+    """Pods bound per second from the first bind to the last of `names` (pending before the
+    scheduler `pid` started), and its CPU seconds per 1,000 pods over that time."""
+    keys = [f"{namespace}/{n}" for n in names]
+    cpu: dict[str, float] = {}
+
+    def sample() -> None:  # CPU at the first and the last bind of the backlog
+        seen = sum(1 for k in keys if k in binds.at)
+        if seen == 1 or seen == len(keys):
+            cpu["first" if seen == 1 else "last"] = cpu_seconds(pid)
+
+    binds.on_bind = sample
+    try:
+        await binds.wait(keys)
+    finally:
+        binds.on_bind = None
+    times = [binds.at[k] for k in keys]
+    rate = (len(keys) - 1) / (max(times) - min(times))
+    return rate, (cpu["last"] - cpu["first"]) / (len(keys) - 1) * 1000
+
+
+async def measure_gangs(
+    api: client.ApiClient, binds: Binds, workdir: Path, kubeconfig: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The operator's backlog of single pods, then of gangs of `--gang-size` (Volcano
+    PodGroups, minMember the gang's size), the same number of pods of `--gang-mib` each."""
+    core = client.CoreV1Api(api)
+    await install_podgroup_crds(api)
+    found: dict[str, Any] = {}
+    for label, gang_size in (("single", 0), ("gangs", args.gang_size)):
+        await core.create_namespace(cast(client.V1Namespace, {"metadata": {"name": label}}))
+        names = [f"{label}-{i}" for i in range(args.pods)]
+        operator = Operator(workdir, kubeconfig)
+        await create_pods(core, label, names, operator.name, mib=args.gang_mib, gang_size=gang_size)
+        pid = operator.start()
+        try:
+            rate, cpu = await backlog_bound(binds, pid, label, names)
+        finally:
+            operator.stop()
+        await empty(core, label)
+        found[label] = {"bound_per_s": round(rate), "cpu_s_per_1000_pods": round(cpu, 2)}
+        print(f"{label}: {found[label]}", flush=True)
+    found["gangs_vs_single"] = round(
+        found["gangs"]["bound_per_s"] / found["single"]["bound_per_s"], 2
+    )
+    return found
 
 
 # -- raw: Bindings from processes of their own ------------------------------------------
@@ -388,6 +463,11 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             ready = asyncio.Event()
             watcher = asyncio.create_task(binds.watch(api, ready))
             await ready.wait()
+            if args.gang_size:
+                stand_in = await asyncio.create_subprocess_exec(
+                    sys.executable, __file__, "--stand-in", str(plane.kubeconfig)
+                )
+                return await measure_gangs(api, binds, workdir, plane.kubeconfig, args)
             results: dict[str, Any] = {"raw": await measure_raw(api, plane.kubeconfig, args)}
             print(f"raw: {results['raw']}", flush=True)
             stand_in = await asyncio.create_subprocess_exec(
@@ -421,7 +501,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 async def stand_in(kubeconfig: Path) -> None:
     async with await kube.api_client(kubeconfig) as api:
-        await act_as_device_plugins(api)
+        await act_as_device_plugins(api, every_bound_pod=True)
 
 
 def main() -> int:
@@ -432,6 +512,13 @@ def main() -> int:
     parser.add_argument("--cards", type=int, default=8)
     parser.add_argument("--pods", type=int, default=2000)
     parser.add_argument("--single", type=int, default=50, help="pods created one at a time")
+    parser.add_argument(
+        "--gang-size",
+        type=int,
+        default=0,
+        help="instead: the operator alone, single pods against gangs of this many (PodGroups)",
+    )
+    parser.add_argument("--gang-mib", type=int, default=8192, help="each gang member's MiB")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--raw-bind", type=Path, help=argparse.SUPPRESS)  # a raw-bind process
     parser.add_argument("--part", type=int, default=0, help=argparse.SUPPRESS)

@@ -7,6 +7,7 @@ packing quality against the L2 bound; the operator against kube-scheduler (its c
 raised, and at its default) and the raw Binding rate, on one apiserver per size, at 200,
 1,000 and 5,000 fake nodes x 8 cards;
 bursts of pods created at once, packed live against the model placing them one by one;
+gangs of 8 pods (Volcano PodGroups) against single pods, bound per second, on 200 nodes;
 operator start-up rebuild time and memory with 5,000 nodes and 50,000 pods; device-plugin
 Allocate latency with 500 pods on the node and the ListAndWatch message for 8 x 141 GiB; on
 real nodes (the kubelet, containerd, runc; root), the pod's size per device id, the largest
@@ -43,6 +44,7 @@ FULL: dict[str, list[list[str]]] = {
     "scale": [["--nodes", "5000", "--pods", "50000"]],
     "plugin": [["--pods", "500"]],
     "burst": [["--nodes", "50", "--pods", "400"]],
+    "gangs": [["--gang-size", "8", "--nodes", "200", "--pods", "1600"]],
     "realnode": [["--pods", "100"]],
 }
 QUICK: dict[str, list[list[str]]] = {
@@ -52,7 +54,10 @@ QUICK: dict[str, list[list[str]]] = {
     "scale": [["--nodes", "100", "--pods", "1000"]],
     "plugin": [["--pods", "50"]],
     "burst": [["--nodes", "10", "--pods", "80"]],
+    "gangs": [["--gang-size", "4", "--nodes", "10", "--pods", "40"]],
 }
+SCRIPTS = {"gangs": "operator"}
+"""Benchmarks that are a mode of another's script."""
 
 
 def machine() -> str:
@@ -71,15 +76,18 @@ def machine() -> str:
 def run_one(name: str, args: list[str], scratch: Path) -> dict[str, Any]:
     out = scratch / f"{name}-{len(list(scratch.iterdir()))}.json"
     started = time.monotonic()
+    script = f"{SCRIPTS.get(name, name)}.py"
     result = subprocess.run(
-        [sys.executable, str(BENCH / f"{name}.py"), *args, "--json", str(out)],
+        [sys.executable, str(BENCH / script), *args, "--json", str(out)],
         capture_output=True,
         text=True,
         check=False,
     )
     print(result.stdout.rstrip(), flush=True)
     if result.returncode != 0:
-        raise RuntimeError(f"bench/{name}.py {' '.join(args)} failed:\n{result.stderr[-3000:]}")
+        raise RuntimeError(
+            f"bench/{SCRIPTS.get(name, name)}.py {' '.join(args)} failed:\n{result.stderr[-3000:]}"
+        )
     report: dict[str, Any] = json.loads(out.read_text())
     report["seconds"] = round(time.monotonic() - started, 1)
     return report

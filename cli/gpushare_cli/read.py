@@ -15,7 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,6 +31,7 @@ from gpushare.kube.reflector import Item, ListCall, WatchExpired, list_pages
 from gpushare.kube.retry import Backoff, retry
 from gpushare.model import contract
 from gpushare.model.bodies import Body, path
+from gpushare.model.gangs import PLURAL, GroupApi
 from gpushare_cli.errors import CliError
 from gpushare_operator.config import ConfigError, OperatorConfig, from_env, with_live
 
@@ -54,6 +55,8 @@ class Cluster:
     converts: bool = True
     """The admission webhook is installed (its MutatingWebhookConfiguration exists): new
     pods' gpu-memory limits are converted to the cluster's unit."""
+    podgroups: list[tuple[GroupApi, Item]] = field(default_factory=list)
+    """Volcano's and the coscheduling PodGroups (where their CRDs are installed)."""
 
 
 def context_namespace(kubeconfig: Path | None, context: str | None) -> str:
@@ -93,6 +96,7 @@ async def read_cluster(kubeconfig: Path | None, context: str | None = None) -> C
                 ),
                 optional=True,
             )
+            podgroups = await _podgroups(objects)
             live: Item = await _read(
                 lambda: kube.raw_json(
                     objects.get_cluster_custom_object(
@@ -124,6 +128,7 @@ async def read_cluster(kubeconfig: Path | None, context: str | None = None) -> C
         config=config,
         leader=leader,
         converts=webhook,
+        podgroups=podgroups,
     )
 
 
@@ -185,6 +190,20 @@ async def _webhook_installed(api: client.ApiClient, name: str) -> bool:
             return True
         raise
     return True
+
+
+async def _podgroups(objects: client.CustomObjectsApi) -> list[tuple[GroupApi, Item]]:
+    """Every PodGroup of both APIs; none of an API whose CRD is absent or that the user may
+    not list (gangs are then explained as single pods, and `explain` says so)."""
+    found = []
+    for api in GroupApi:
+        call = functools.partial(objects.list_cluster_custom_object, api.group, api.version, PLURAL)
+        try:
+            found += [(api, item) for item in await list_all(call, optional=True)]
+        except ApiError as error:
+            if error.status != 403:
+                raise
+    return found
 
 
 async def list_all(call: ListCall, *, optional: bool = False) -> list[Item]:

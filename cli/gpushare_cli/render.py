@@ -99,6 +99,8 @@ def enum_name(value: Enum) -> str:
 
 def explain_json(report: Explanation) -> dict[str, Any]:
     shown: dict[str, Any] = {"pod": report.pod, "schedulerName": report.scheduler_name}
+    if report.group is not None:
+        shown["group"] = report.group
     outcome = report.outcome
     if isinstance(outcome, Bound):
         shown.update(
@@ -145,6 +147,8 @@ def _verdict_json(verdict: NodeVerdict) -> dict[str, Any]:
 
 def render_explain(report: Explanation) -> str:
     lines = [f"pod {report.pod} (schedulerName {report.scheduler_name})"]
+    if report.group:
+        lines.append(f"group: {report.group}")
     if report.note:
         lines.append(f"note: {report.note}")
     outcome = report.outcome

@@ -32,8 +32,10 @@ from gpushare.model.bodies import Body, annotations_of, path, text
 from gpushare.model.usage import CardUsage
 from gpushare_cli.errors import CliError
 from gpushare_cli.read import Cluster
+from gpushare_operator.config import OperatorConfig
 from gpushare_operator.scheduling.cache import SchedulerCache
 from gpushare_operator.scheduling.decision import Plan, Refusal, plan
+from gpushare_operator.scheduling.gangs import GangBook, decide_gang
 from gpushare_operator.scheduling.podinfo import Demand, PodInfo
 
 
@@ -216,6 +218,9 @@ class Explanation:
     leader: str | None = None
     """The operator replica whose published configuration the decision used; None when no
     operator leads (this shell's environment and the live GPUShareConfig were used)."""
+    group: str | None = None
+    """The gang the pod belongs to, and its members now (its PodGroup's verdict is the
+    pod's)."""
 
 
 def find_pod(cluster: Cluster, name: str, namespace: str | None) -> Body:
@@ -241,6 +246,8 @@ def explain(cluster: Cluster, pod: Body, *, simulated: bool = False) -> Explanat
     info = PodInfo.parse(pod)
     name = f"{info.ref.namespace or 'default'}/{info.ref.name or '<unnamed>'}"
     scheduler = info.scheduler_name or "default-scheduler"
+    cache = build_cache(cluster)
+    gangs, group = _gang_of(cluster, cache, info)
     if not simulated and info.node:
         bound = Bound(
             node=info.node,
@@ -248,14 +255,13 @@ def explain(cluster: Cluster, pod: Body, *, simulated: bool = False) -> Explanat
             assigned=info.assigned,
             phase=text(path(pod, "status").get("phase")),
         )
-        return Explanation(pod=name, scheduler_name=scheduler, outcome=bound)
+        return Explanation(pod=name, scheduler_name=scheduler, outcome=bound, group=group)
     config = cluster.config
     note = None
     if scheduler not in config.scheduler_names:
         note = _not_served(info, scheduler, sorted(config.scheduler_names))
     condition = None if simulated else _pod_scheduled(pod)
-    cache = build_cache(cluster)
-    decided = plan(cache, info, config.policy)
+    decided = _decide(cache, gangs, info, config, simulated)
     outcome: Outcome
     if isinstance(decided, Plan):
         outcome = Placeable(
@@ -279,7 +285,51 @@ def explain(cluster: Cluster, pod: Body, *, simulated: bool = False) -> Explanat
         note=note,
         pod_scheduled=condition,
         leader=cluster.leader,
+        group=group,
     )
+
+
+def _gang_of(cluster: Cluster, cache: SchedulerCache, pod: PodInfo) -> tuple[GangBook, str | None]:
+    """The PodGroups and their members, and a line on the pod's group (None: it names none)."""
+    book = GangBook()
+    if pod.group is None:
+        return book, None
+    for api, item in cluster.podgroups:
+        book.observe_group(api, item)
+    for body in cluster.pods:
+        book.observe_member(PodInfo.parse(body))
+    spec = book.spec(pod.group)
+    if spec is None:
+        return book, (
+            f"names {pod.group} ({pod.group.api.group}), which does not exist (or its CRD is "
+            f"not installed, or you may not list it): the operator places it as a single pod"
+        )
+    if isinstance(spec, str):
+        return book, spec
+    members = book.counts(spec.key, cache)
+    return book, (
+        f"{spec.key} ({spec.key.api.group}): minMember {spec.min_member}; its pods now: "
+        f"{members.bound} bound ({members.running} running), {members.pending} pending"
+    )
+
+
+def _decide(
+    cache: SchedulerCache, gangs: GangBook, pod: PodInfo, config: OperatorConfig, simulated: bool
+) -> Plan | Refusal:
+    """What the scheduler decides for the pod: for a gang's member, for its whole gang."""
+    spec = gangs.spec(pod.group) if pod.group is not None and not simulated else None
+    if isinstance(spec, str):
+        return Refusal(spec)
+    if spec is None or not spec.is_gang:
+        return plan(cache, pod, config.policy)
+    gang = decide_gang(
+        cache, gangs, spec, config.policy, timeout_s=config.gang_timeout_s, waited={}
+    )
+    decisions: list[tuple[PodInfo, Plan | Refusal]] = [*gang.placed, *gang.refused]
+    for member, decided in decisions:
+        if member.uid == pod.uid:
+            return decided
+    return Refusal(f"{spec.key}: this pod is not one of its pending members")
 
 
 def _not_served(pod: PodInfo, scheduler: str, served: list[str]) -> str:

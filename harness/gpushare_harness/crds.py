@@ -1,9 +1,15 @@
 """Installing the project's CustomResourceDefinitions (manifests/base/crds) into a cluster,
-and its admission objects (manifests/base/admission) for an operator run as a local process."""
+and its admission objects (manifests/base/admission) for an operator run as a local process;
+and the PodGroup CRDs of Volcano and of the scheduler-plugins, as their own releases ship
+them (taken from their Go modules, through the Go module proxy)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any, cast
 
@@ -16,12 +22,54 @@ CRD_DIR = Path(__file__).resolve().parents[2] / "manifests" / "base" / "crds"
 ADMISSION_DIR = CRD_DIR.parent / "admission"
 
 
-async def install_crds(api: client.ApiClient, *, timeout_s: float = 30.0) -> list[str]:
-    """Create (or leave in place) every CRD under manifests/base/crds and wait until each is
-    Established; returns their names."""
+PODGROUP_CRDS = (
+    # (module@version, the CRD's path in it): Volcano's newest release the proxy serves.
+    ("volcano.sh/volcano@v1.10.0", "config/crd/volcano/bases/scheduling.volcano.sh_podgroups.yaml"),
+    (
+        "sigs.k8s.io/scheduler-plugins@v0.31.8",
+        "config/crd/bases/scheduling.x-k8s.io_podgroups.yaml",
+    ),
+)
+
+
+def podgroup_crd_files() -> list[Path]:
+    """The two PodGroup CRDs, downloaded into the Go module cache (outside the repository)
+    the first time."""
+    go = shutil.which("go")
+    if go is None:
+        raise RuntimeError("the Go toolchain is needed to fetch the PodGroup CRDs; put go on PATH")
+    files = []
+    for module, inner in PODGROUP_CRDS:
+        result = subprocess.run(
+            [go, "mod", "download", "-json", module],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=CRD_DIR,
+            env={**os.environ, "GOFLAGS": "-mod=mod", "GO111MODULE": "on"},
+        )
+        info = json.loads(result.stdout or "{}")
+        if result.returncode != 0 or "Dir" not in info:
+            error = info.get("Error") or result.stderr
+            raise RuntimeError(f"go mod download {module} failed: {error}")
+        files.append(Path(info["Dir"]) / inner)
+    return files
+
+
+async def install_podgroup_crds(api: client.ApiClient, *, timeout_s: float = 30.0) -> list[str]:
+    """Volcano's and the scheduler-plugins' PodGroup CRDs, as `install_crds` installs ours."""
+    files = await asyncio.to_thread(podgroup_crd_files)
+    return await install_crds(api, timeout_s=timeout_s, files=files)
+
+
+async def install_crds(
+    api: client.ApiClient, *, timeout_s: float = 30.0, files: list[Path] | None = None
+) -> list[str]:
+    """Create (or leave in place) every CRD under manifests/base/crds (or `files`) and wait
+    until each is Established; returns their names."""
     extensions = client.ApiextensionsV1Api(api)
     names = []
-    for path in sorted(CRD_DIR.glob("*.yaml")):
+    for path in files or sorted(CRD_DIR.glob("*.yaml")):
         body: dict[str, Any] = yaml.safe_load(path.read_text())
         try:
             await extensions.create_custom_resource_definition(

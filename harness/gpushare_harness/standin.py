@@ -11,10 +11,12 @@ from gpushare.model import contract
 from gpushare.model.annotations import gpu_assigned
 
 
-async def act_as_device_plugins(api: client.ApiClient) -> None:
+async def act_as_device_plugins(api: client.ApiClient, *, every_bound_pod: bool = False) -> None:
     """Marks bound pods `gpu-assigned` as the device plugins would once the kubelets start
     them (no kubelet runs here); without it, the exactness rule would hold back every later
-    pod of the same size on a node behind the first, unassigned one."""
+    pod of the same size on a node behind the first, unassigned one. `every_bound_pod`: also
+    pods placed without a card (by kube-scheduler), so that a benchmark charges each
+    scheduler the same node-side write per pod."""
     core = client.CoreV1Api(api)
     marked: set[str] = set()
     limit = asyncio.Semaphore(32)  # kubelets work in parallel, one per node
@@ -37,7 +39,7 @@ async def act_as_device_plugins(api: client.ApiClient) -> None:
                 annotations = obj["metadata"].get("annotations") or {}
                 if (
                     obj["spec"].get("nodeName")
-                    and contract.GPU_INDEX in annotations
+                    and (every_bound_pod or contract.GPU_INDEX in annotations)
                     and not gpu_assigned(annotations)
                     and uid not in marked
                 ):

@@ -43,6 +43,7 @@ class OperatorConfig:
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 10.0
     unschedulable_retry_s: float = 60.0
+    gang_timeout_s: float = 300.0
     max_concurrent_binds: int = 32
     leader_elect: bool = True
     lease_namespace: str = "gpushare-system"
@@ -53,6 +54,7 @@ class OperatorConfig:
     identity: str = field(default_factory=_default_identity)
     metrics_port: int = 9090
     status_interval_s: float = 2.0
+    status_write_rate: int = 20
     plugin_stale_after_s: float = 90.0
     log_level: str = "info"
     memory_unit_mib: int = contract.DEFAULT_MEMORY_UNIT_MIB
@@ -203,6 +205,16 @@ OPTIONS = (
         help="seconds after which an unschedulable pod is tried again even if nothing changed",
     ),
     Option(
+        field="gang_timeout_s",
+        env="GPUSHARE_GANG_TIMEOUT",
+        flag="--gang-timeout",
+        live="gangTimeoutSeconds",
+        schema=_SECONDS_SCHEMA,
+        parse=_seconds,
+        help="seconds after its PodGroup's creation that a gang still short of minMember pods "
+        "is reported timed out (a coscheduling PodGroup's scheduleTimeoutSeconds wins)",
+    ),
+    Option(
         field="max_concurrent_binds",
         env="GPUSHARE_MAX_CONCURRENT_BINDS",
         flag="--max-concurrent-binds",
@@ -271,6 +283,14 @@ OPTIONS = (
         flag="--status-interval",
         parse=_seconds,
         help="seconds between GPUNode status updates",
+    ),
+    Option(
+        field="status_write_rate",
+        env="GPUSHARE_STATUS_WRITE_RATE",
+        flag="--status-write-rate",
+        parse=_count,
+        help="GPUNode status writes per second at most: under a burst a node's status lags "
+        "(a write then covers several pods) instead of competing with the binds",
     ),
     Option(
         field="plugin_stale_after_s",

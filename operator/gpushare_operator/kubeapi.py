@@ -1,10 +1,12 @@
 """Every Kubernetes API call the operator makes, behind the `SchedulerApi` protocol.
 
 Writes go to: pods/binding (the bind, with the GPU annotations), pods/status (PodScheduled),
-events (Scheduled, FailedScheduling), gpunodes/status, gpushareconfigs/status, Leases, the
-admission webhook's Secret (created once) and its MutatingWebhookConfiguration's caBundle.
-Reads of pods, nodes and GPUNodes: each resource's list call, for the Reflector that lists and
-watches it (gpushare.kube.reflector); single pods are read back after a refused bind.
+events (Scheduled, FailedScheduling), gpunodes/status, gpushareconfigs/status, PodGroups'
+status (Volcano's and the coscheduling API's), pods/eviction (a gang's bound pods, when it
+fell below its minimum before it ran), Leases, the admission webhook's Secret (created
+once) and its MutatingWebhookConfiguration's caBundle.
+Reads of pods, nodes, GPUNodes and PodGroups: each resource's list call, for the Reflector that
+lists and watches it (gpushare.kube.reflector); single pods are read back after a refused bind.
 """
 
 from __future__ import annotations
@@ -19,13 +21,15 @@ from gpushare.kube import ApiError, raw_json, read_pod
 from gpushare.kube.clock import rfc3339
 from gpushare.kube.reflector import ListCall
 from gpushare.model import PodRef, contract
+from gpushare.model.gangs import PLURAL, GroupApi, GroupKey
 
 COMPONENT = "gpushare-scheduler"
 
 
 class SchedulerApi(Protocol):
     def lister(self, resource: str) -> ListCall:
-        """The list (and watch) call of `pods`, `nodes` or `gpunodes`, for a Reflector."""
+        """The list (and watch) call of `pods`, `nodes`, `gpunodes`, or the PodGroups of
+        a `GroupApi` (its name), for a Reflector."""
         ...
 
     async def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> None: ...
@@ -58,6 +62,16 @@ class SchedulerApi(Protocol):
         ...
 
     async def patch_gpunode_status(self, name: str, status: Mapping[str, Any]) -> None: ...
+
+    async def evict(self, pod: PodRef) -> None:
+        """Evict the pod (the Eviction API: PodDisruptionBudgets are honoured), only if it is
+        still the pod `pod.uid` names."""
+        ...
+
+    async def patch_podgroup_status(self, group: GroupKey, status: Mapping[str, Any]) -> None:
+        """Merge `status` into the PodGroup's (Volcano's CRD has no status subresource:
+        its status is written on the object, as Volcano's scheduler writes it)."""
+        ...
 
     async def report_config(self, name: str, *, accepted: bool, message: str) -> None: ...
 
@@ -94,6 +108,11 @@ class KubeSchedulerApi:
             return self._core.list_pod_for_all_namespaces
         if resource == "nodes":
             return self._core.list_node
+        if resource in GroupApi.__members__:
+            api = GroupApi[resource]
+            return functools.partial(
+                self._objects.list_cluster_custom_object, api.group, api.version, PLURAL
+            )
         return functools.partial(
             self._objects.list_cluster_custom_object,
             contract.INVENTORY_GROUP,
@@ -213,6 +232,44 @@ class KubeSchedulerApi:
                 contract.INVENTORY_PLURAL,
                 name,
                 [{"op": "add", "path": "/status", "value": dict(status)}],
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
+        )
+
+    async def evict(self, pod: PodRef) -> None:
+        eviction = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": pod.name, "namespace": pod.namespace},
+            "deleteOptions": {"preconditions": {"uid": pod.uid}},
+        }
+        await raw_json(
+            self._core.create_namespaced_pod_eviction(
+                pod.name,
+                pod.namespace,
+                cast(client.V1Eviction, eviction),
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
+        )
+
+    async def patch_podgroup_status(self, group: GroupKey, status: Mapping[str, Any]) -> None:
+        api = group.api
+        patch = (
+            self._objects.patch_namespaced_custom_object
+            if api is GroupApi.VOLCANO
+            else self._objects.patch_namespaced_custom_object_status
+        )
+        await raw_json(
+            patch(
+                api.group,
+                api.version,
+                group.namespace,
+                PLURAL,
+                group.name,
+                {"status": dict(status)},
+                _content_type="application/merge-patch+json",  # type: ignore[call-arg]
                 _preload_content=False,
                 _request_timeout=self._timeout,
             )

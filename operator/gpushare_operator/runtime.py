@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import gc
 import time
 from collections.abc import Callable, Coroutine
@@ -21,6 +22,7 @@ from gpushare import logs
 from gpushare.kube.reflector import DELETED, Reflector, name_of
 from gpushare.model import NodeName, PodUid, contract
 from gpushare.model.bodies import Body, path, resource_version, text
+from gpushare.model.gangs import GroupApi, group_key
 from gpushare_operator.config import ConfigError, OperatorConfig, describe, with_live
 from gpushare_operator.election import LeaseElector
 from gpushare_operator.kubeapi import SchedulerApi
@@ -28,6 +30,7 @@ from gpushare_operator.metrics import SchedulerMetrics
 from gpushare_operator.reporting import Reporter
 from gpushare_operator.scheduler import Scheduler
 from gpushare_operator.scheduling.cache import PodChange, SchedulerCache
+from gpushare_operator.scheduling.gangs import GangBook
 from gpushare_operator.scheduling.podinfo import PodInfo
 from gpushare_operator.scheduling.queue import SchedulingQueue
 from gpushare_operator.scheduling.slim import slim_node
@@ -41,6 +44,11 @@ def release_memory() -> None:
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _namespaced_name(item: Body) -> str:
+    meta = path(item, "metadata")
+    return f"{text(meta.get('namespace'))}/{text(meta.get('name'))}"
 
 
 class Runtime:
@@ -66,10 +74,12 @@ class Runtime:
         self.metrics = metrics or SchedulerMetrics()
         self.cache = SchedulerCache(config=self.current_config)
         self.queue = SchedulingQueue(config=self.current_config)
+        self.gangs = GangBook()
         self.reporter = Reporter(api)
         self.scheduler = Scheduler(
             cache=self.cache,
             queue=self.queue,
+            gangs=self.gangs,
             api=api,
             reporter=self.reporter,
             metrics=self.metrics,
@@ -77,7 +87,11 @@ class Runtime:
             pod_event=self.pod_event,
         )
         self.status = StatusWriter(
-            cache=self.cache, api=api, metrics=self.metrics, config=self.current_config
+            cache=self.cache,
+            gangs=self.gangs,
+            api=api,
+            metrics=self.metrics,
+            config=self.current_config,
         )
         self.elector = LeaseElector(
             api,
@@ -109,7 +123,20 @@ class Runtime:
             key=name_of,
             optional=True,
         )
-        self.reflectors: tuple[Reflector[Any], ...] = (nodes, gpunodes, self._pods)
+        # PodGroups before pods, so that a gang's members are never taken for single pods.
+        groups = tuple(
+            Reflector(
+                f"podgroups.{group_api.group}",
+                api.lister(group_api.name),
+                transform=dict,
+                on_event=functools.partial(self.group_event, group_api),
+                on_listed=functools.partial(self._listed_groups, group_api),
+                key=_namespaced_name,
+                optional=True,
+            )
+            for group_api in GroupApi
+        )
+        self.reflectors: tuple[Reflector[Any], ...] = (nodes, gpunodes, *groups, self._pods)
         self.synced = asyncio.Event()
         self.started_at = time.monotonic()
         self.last_event: dict[str, float] = {}
@@ -274,11 +301,17 @@ class Runtime:
             self.reporter.forget(uid)
             self.queue.remove(uid)
             self._logged_problems.pop(f"pod {uid}", None)
+            group = self.gangs.forget_member(uid)
+            if group is not None:
+                self.queue.wake(group)  # its gang is judged again without it
+                if self.leading:
+                    self.scheduler.gang_shrank(group)
         else:
             seen = self.cache.observe_pod(pod)
             change = seen.change
             for message in seen.problems:
                 self._log_once(f"pod {uid}", message)
+            self.gangs.observe_member(pod)
         if change is PodChange.PENDING:
             self.queue.add(uid, pod.priority)
         elif change is PodChange.BOUND:
@@ -289,6 +322,24 @@ class Runtime:
         elif change is PodChange.ASSIGNED:
             # Only pods of the same request were held back by the assignment wait.
             self.queue.wake(seen.signature)
+
+    def group_event(self, group_api: GroupApi, event_type: str, body: Body) -> None:
+        """A PodGroup changed: its parked members are judged again at once."""
+        self.last_event["podgroups"] = time.monotonic()
+        key = group_key(group_api, body)
+        if self._stale(f"podgroup/{group_api.name}/{key}", event_type, resource_version(body)):
+            return
+        if event_type == DELETED:
+            self.gangs.forget_group(key)
+        else:
+            self.gangs.observe_group(group_api, body)
+        self.queue.wake(key)
+
+    def _listed_groups(self, group_api: GroupApi, names: set[str], version: str) -> None:
+        for key in self.gangs.keys(group_api):
+            if f"{key.namespace}/{key.name}" not in names:
+                self.gangs.forget_group(key)
+                self.queue.wake(key)
 
     def node_event(self, event_type: str, body: Body) -> None:
         self.last_event["nodes"] = time.monotonic()

@@ -12,22 +12,24 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from structlog.typing import FilteringBoundLogger
 
 from gpushare import logs
-from gpushare.kube import ApiError
+from gpushare.kube import ApiError, transient
 from gpushare.kube.reflector import DELETED, MODIFIED
-from gpushare.kube.retry import Backoff
-from gpushare.model import PodRef, PodUid, contract
+from gpushare.kube.retry import Backoff, retry
+from gpushare.model import Placement, PodRef, PodUid, contract
+from gpushare.model.gangs import GroupKey, GroupSpec
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.kubeapi import SchedulerApi
 from gpushare_operator.metrics import SchedulerMetrics
 from gpushare_operator.reporting import Reporter
 from gpushare_operator.scheduling.cache import SchedulerCache
 from gpushare_operator.scheduling.decision import Plan, Refusal, plan
+from gpushare_operator.scheduling.gangs import GangBook, broken_gang, decide_gang
 from gpushare_operator.scheduling.podinfo import PodInfo
 from gpushare_operator.scheduling.queue import SchedulingQueue
 
@@ -46,6 +48,7 @@ class Scheduler:
         *,
         cache: SchedulerCache,
         queue: SchedulingQueue,
+        gangs: GangBook,
         api: SchedulerApi,
         reporter: Reporter,
         metrics: SchedulerMetrics,
@@ -54,6 +57,7 @@ class Scheduler:
     ) -> None:
         self.cache = cache
         self.queue = queue
+        self.gangs = gangs
         self._api = api
         self._reporter = reporter
         self._metrics = metrics
@@ -69,11 +73,11 @@ class Scheduler:
             while True:
                 uid = await self.queue.pop()
                 started = time.perf_counter()
-                decision = self.schedule_one(uid)
+                decisions = self.schedule_one(uid)
                 self._metrics.attempt_duration.labels(
-                    "unschedulable" if decision is None else "scheduled"
+                    "scheduled" if decisions else "unschedulable"
                 ).observe(time.perf_counter() - started)
-                if decision is not None:
+                for decision in decisions:
                     await self._slots.acquire()  # bounds the binds in flight
                     task = asyncio.create_task(
                         self._bind(decision), name=f"bind {decision.pod.ref}"
@@ -91,20 +95,28 @@ class Scheduler:
 
     # -- scheduling cycle (synchronous) --------------------------------------------------
 
-    def schedule_one(self, uid: PodUid) -> _Decision | None:
-        """Decide for one pod: assume and return the decision, or report why not."""
+    def schedule_one(self, uid: PodUid) -> list[_Decision]:
+        """Decide for one pod (or the gang it belongs to): assume and return the decisions,
+        or report why not."""
         waited_for = self.cache.unreserve(uid)
         pod = self.cache.pending(uid)
         if pod is None:
             self.queue.remove(uid)
-            return None
+            return []
         if pod.gated:
             self.queue.park(uid)  # the apiserver refuses to bind gated pods
-            return None
+            return []
+        if pod.group is not None:
+            group = self.gangs.spec(pod.group)
+            if isinstance(group, str):
+                self._unschedulable(uid, pod, Refusal(group, wake_key=pod.group))
+                return []
+            if group is not None and group.is_gang:
+                return self._schedule_gang(group, {uid: waited_for} if waited_for else {})
         outcome = plan(self.cache, pod, self._config().policy, waited_for)
         if isinstance(outcome, Refusal):
             self._unschedulable(uid, pod, outcome)
-            return None
+            return []
         for earlier in outcome.expired.values():
             self._log.warning(
                 "assignment_wait_expired",
@@ -113,7 +125,27 @@ class Scheduler:
                 note="placed although an earlier pod of the same request is still unassigned",
             )
         self.cache.assume(pod, outcome)
-        return _Decision(pod, outcome)
+        return [_Decision(pod, outcome)]
+
+    def _schedule_gang(
+        self, group: GroupSpec, waited: Mapping[PodUid, Placement]
+    ) -> list[_Decision]:
+        config = self._config()
+        gang = decide_gang(
+            self.cache,
+            self.gangs,
+            group,
+            config.policy,
+            timeout_s=config.gang_timeout_s,
+            waited=waited,
+        )
+        for member, refusal in gang.refused:
+            self._unschedulable(member.uid, member, refusal)
+        if gang.placed:
+            self._log.info(
+                "gang_placed", group=str(group.key), pods=[str(m.ref) for m, _ in gang.placed]
+            )
+        return [_Decision(member, outcome) for member, outcome in gang.placed]
 
     def _unschedulable(self, uid: PodUid, pod: PodInfo, refusal: Refusal) -> None:
         message = refusal.message
@@ -128,6 +160,27 @@ class Scheduler:
         self._reporter.unschedulable(
             pod.ref, message, pod.resource_version, already=pod.unschedulable
         )
+
+    def gang_shrank(self, key: GroupKey) -> None:
+        """A member of the gang left (deleted, or its bind refused as gone): if the gang fell
+        below its minimum before it ran, release what it holds (`broken_gang`)."""
+        for pod in broken_gang(self.cache, self.gangs, key):
+            self._log.warning("gang_below_minimum", pod=str(pod.ref), group=str(key))
+            task = asyncio.create_task(self._evict(pod.ref), name=f"evict {pod.ref}")
+            self._binds.add(task)
+            task.add_done_callback(self._binds.discard)
+
+    async def _evict(self, pod: PodRef) -> None:
+        try:
+            await retry(
+                lambda: self._api.evict(pod),
+                retryable=transient,
+                backoff=Backoff(0.5, 4.0),
+                attempts=_BIND_ATTEMPTS,
+            )
+        except (ApiError, OSError, TimeoutError) as error:
+            if not isinstance(error, ApiError) or error.status != 404:
+                self._log.warning("evict_failed", pod=str(pod), error=str(error))
 
     # -- binding cycle (concurrent) ------------------------------------------------------
 

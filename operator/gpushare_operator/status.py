@@ -1,7 +1,14 @@
 """Keeps each GPUNode resource's status current: per card, allocated MiB and pods; and the
-`Ready` and `Stale` conditions from the device plugin's heartbeat.
+`Ready` and `Stale` conditions from the device plugin's heartbeat. And each PodGroup's: its
+phase, member counts and (Volcano's) conditions, as `gangs.group_status` says: for the
+PodGroups whose pods it schedules, and those with no pod yet when it serves the name
+`volcano` (Volcano's job controller creates a job's pods only once its PodGroup is Inqueue;
+beside Volcano's own scheduler, that one enqueues them).
 
-Runs on the leader only; writes a node's status only when it changed since the last write.
+Runs on the leader only; writes a node's status only when it changed since the last write,
+and at most `--status-write-rate` writes a second: the status is a view (the scheduler never
+reads it), so under a burst a node's status lags and each write covers several pods, instead
+of a write per node every interval competing with the binds at the apiserver.
 """
 
 from __future__ import annotations
@@ -16,11 +23,13 @@ from gpushare.kube import ApiError
 from gpushare.kube.clock import parse_time, rfc3339
 from gpushare.model import NodeName, contract
 from gpushare.model.bodies import path
+from gpushare.model.gangs import group_status
 from gpushare.model.status import Heartbeat, gpunode_conditions, gpunode_status
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.kubeapi import SchedulerApi
 from gpushare_operator.metrics import MIB, SchedulerMetrics
 from gpushare_operator.scheduling.cache import SchedulerCache
+from gpushare_operator.scheduling.gangs import GangBook
 
 
 class StatusWriter:
@@ -28,6 +37,7 @@ class StatusWriter:
         self,
         *,
         cache: SchedulerCache,
+        gangs: GangBook,
         api: SchedulerApi,
         metrics: SchedulerMetrics,
         config: Callable[[], OperatorConfig],
@@ -35,10 +45,12 @@ class StatusWriter:
     ) -> None:
         self._clock = clock
         self._cache = cache
+        self._gangs = gangs
         self._api = api
         self._metrics = metrics
         self._config = config
         self._written: dict[NodeName, dict[str, Any]] = {}
+        self._next_write_at = 0.0  # monotonic: the pace of the writes
         self._log = logs.get("status")
 
     async def run(self) -> None:
@@ -47,6 +59,30 @@ class StatusWriter:
             await asyncio.sleep(self._config().status_interval_s)
 
     async def write_changed(self) -> None:
+        await self._write_nodes()
+        await self._write_groups()
+
+    async def _write_groups(self) -> None:
+        now = rfc3339(self._clock())
+        served = self._config().scheduler_names
+        for spec in self._gangs.specs():
+            members = self._gangs.members(spec.key)
+            if members and not any(self._cache.is_ours(pod) for pod in members):
+                continue  # another scheduler's gang (Volcano's, beside us)
+            if not members and contract.DEFAULT_SCHEDULER_NAME not in served:
+                continue  # no pod yet: only a stand-in for Volcano's scheduler enqueues it
+            status = group_status(spec, self._gangs.state(spec, self._cache), now)
+            if {key: spec.status.get(key) for key in status} == status:
+                continue
+            await self._paced()
+            try:
+                await self._api.patch_podgroup_status(spec.key, status)
+            except (ApiError, OSError, TimeoutError) as error:
+                self._log.warning("status_write_failed", group=str(spec.key), error=repr(error))
+                continue
+            self._gangs.written(spec.key, status)
+
+    async def _write_nodes(self) -> None:
         for name in self._cache.gpunode_names():
             usage = self._cache.ledger.node(name)
             if usage is None:
@@ -75,9 +111,17 @@ class StatusWriter:
                 self._metrics.card_capacity_bytes.labels(*labels).set(card.card.total_mib * MIB)
             if self._written.get(name) == status:
                 continue
+            await self._paced()
             try:
                 await self._api.patch_gpunode_status(name, status)
             except (ApiError, OSError, TimeoutError) as error:
                 self._log.warning("status_write_failed", node=name, error=repr(error))
                 continue
             self._written[name] = status
+
+    async def _paced(self) -> None:
+        """Wait for this write's turn at `status_write_rate` writes a second."""
+        now = time.monotonic()
+        if self._next_write_at > now:
+            await asyncio.sleep(self._next_write_at - now)
+        self._next_write_at = max(now, self._next_write_at) + 1 / self._config().status_write_rate

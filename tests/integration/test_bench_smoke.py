@@ -55,6 +55,9 @@ def test_the_quick_benchmarks_run_and_report(tmp_path: Path, control_plane: Cont
     assert all(row["bytes"] <= row["limit_bytes"] for row in plugin["list_and_watch"])
     placement = report["results"]["placement"][0]["results"]
     assert all(row["decisions_per_s"] > 0 for row in placement)
+    gangs = report["results"]["gangs"][0]["results"]
+    assert gangs["gangs"]["bound_per_s"] > 0
+    assert gangs["single"]["bound_per_s"] > 0
     for label, burst in report["results"]["burst"][0]["results"].items():
         assert burst["unplaced"]["live"] <= burst["unplaced"]["model"], label
         assert burst["cards_used"]["live"] <= burst["cards_used"]["model"], label

@@ -41,6 +41,7 @@ from gpushare.model import (
     node_inventory,
 )
 from gpushare.model.bodies import Body, path, text
+from gpushare.model.contract import GPU_MEMORY
 from gpushare.model.filters import NodeFacts, PodNeeds, node_facts, node_reason
 from gpushare.model.request import Signature
 from gpushare.model.resources import PODS, add_into, pod_requests
@@ -253,6 +254,28 @@ class SchedulerCache:
     def pending(self, uid: PodUid) -> PodInfo | None:
         """The latest state of a pod that waits to be scheduled by us."""
         return self._pending.get(uid)
+
+    def holds(self, uid: PodUid) -> bool:
+        """Whether the pod is bound here, or assumed (its bind under way)."""
+        return uid in self._holders
+
+    def could_hold(self, amounts: Mapping[str, int]) -> bool:
+        """Whether the cluster's free resources, summed over its ready nodes, cover `amounts`
+        (a PodGroup's minResources: Volcano's enqueue check; gpu-memory in MiB)."""
+        for resource, amount in amounts.items():
+            if resource == GPU_MEMORY:
+                free = sum(
+                    usage.free * usage.inventory.unit_mib for usage in self.ledger.nodes().values()
+                )
+            else:
+                free = sum(
+                    facts.allocatable.get(resource, 0) - self.requested(name).get(resource, 0)
+                    for name, facts in self._facts.items()
+                    if facts.ready and not facts.unschedulable
+                )
+            if free < amount:
+                return False
+        return True
 
     def pending_uids(self) -> list[PodUid]:
         return list(self._pending)

@@ -27,6 +27,7 @@ from gpushare.model.admission import memory_asked
 from gpushare.model.annotations import gpu_assigned, predicate_time_s
 from gpushare.model.bodies import Body, annotations_of, resource_version, text
 from gpushare.model.filters import PodNeeds, pod_needs, unsupported
+from gpushare.model.gangs import GroupKey, group_of
 from gpushare.model.usage import FINISHED_PHASES, PodUid, pod_ref
 from gpushare_operator.scheduling.slim import slim_pod
 
@@ -62,6 +63,11 @@ class PodInfo:
     """None where the version is not a number (then event order is trusted)."""
     unschedulable: bool = False
     """Its PodScheduled condition is False (a report only updates the message)."""
+    group: GroupKey | None = None
+    """The PodGroup it names (`gangs.group_of`), if any."""
+    phase: str | None = None
+    controlled: bool = False
+    """A controller owns it (a Job, a Volcano Job, a ReplicaSet): deleted, it comes back."""
 
     @property
     def uid(self) -> PodUid:
@@ -133,6 +139,12 @@ class PodInfo:
             resource_version=resource_version(body),
             unschedulable=any(
                 c.get("status") == "False" for c in body["status"].get("conditions", ())
+            ),
+            group=group_of(raw),
+            phase=text(phase),
+            controlled=any(
+                isinstance(owner, dict) and owner.get("controller") is True
+                for owner in raw.get("metadata", {}).get("ownerReferences") or ()
             ),
         )
 

@@ -1,0 +1,101 @@
+"""The gang decision: all of a gang's minimum placed at once, or nothing held."""
+
+from __future__ import annotations
+
+from builders import capacity_node, gpu_pod
+
+from gpushare.model import CardIndex, NodeName, Policy
+from gpushare.model.gangs import VOLCANO_GROUP_ANNOTATIONS, GroupApi, GroupSpec
+from gpushare_operator.config import OperatorConfig
+from gpushare_operator.scheduling.cache import SchedulerCache
+from gpushare_operator.scheduling.gangs import GangBook, GangDecision, broken_gang, decide_gang
+from gpushare_operator.scheduling.podinfo import PodInfo
+
+CONFIG = OperatorConfig(scheduler_names=frozenset({"volcano"}))
+
+
+def cluster() -> tuple[SchedulerCache, GangBook]:
+    cache = SchedulerCache(config=lambda: CONFIG, clock=lambda: 1000.0)
+    node = capacity_node("n", 40000, 2)  # two cards of 20000 MiB
+    node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    node["status"]["allocatable"] = {**node["status"]["capacity"], "pods": "110"}
+    cache.observe_node(node)
+    return cache, GangBook()
+
+
+def add_gang(cache: SchedulerCache, book: GangBook, name: str, size: int, mib: int) -> None:
+    book.observe_group(
+        GroupApi.VOLCANO,
+        {"metadata": {"name": name, "namespace": "default"}, "spec": {"minMember": size}},
+    )
+    for index in range(size):
+        body = gpu_pod(f"{name}{index}", mib, uid=f"{name}-{index}")
+        body["metadata"]["annotations"] = {VOLCANO_GROUP_ANNOTATIONS[0]: name}
+        body["metadata"]["creationTimestamp"] = f"2026-12-04T10:00:0{index}Z"
+        pod = PodInfo.parse(body)
+        cache.observe_pod(pod)
+        book.observe_member(pod)
+
+
+def used(cache: SchedulerCache) -> list[int]:
+    usage = cache.ledger.node(NodeName("n"))
+    assert usage is not None
+    return [usage.cards[CardIndex(i)].used for i in range(2)]
+
+
+def decide(cache: SchedulerCache, book: GangBook, name: str) -> GangDecision:
+    return decide_gang(cache, book, spec_of(book, name), Policy.BESTFIT, timeout_s=300, waited={})
+
+
+def spec_of(book: GangBook, name: str) -> GroupSpec:
+    (spec,) = [s for s in book.specs() if s.key.name == name]
+    return spec
+
+
+def test_a_gang_that_fits_is_placed_whole_with_same_size_members_waiting_on_their_cards() -> None:
+    cache, book = cluster()
+    add_gang(cache, book, "a", 4, 9000)
+    decision = decide_gang(
+        cache, book, spec_of(book, "a"), Policy.BESTFIT, timeout_s=300, waited={}
+    )
+    # Two on card 0 now; two on card 1 once the device plugin has assigned the first two
+    # (the exactness rule), counted placed meanwhile.
+    assert [pod.ref.name for pod, _ in decision.placed] == ["a0", "a1"]
+    waiting = [(pod.ref.name, refusal.quiet) for pod, refusal in decision.refused]
+    assert waiting == [("a2", True), ("a3", True)]
+    assert used(cache) == [18000, 0]  # the scheduler reserves card 1 as it parks them
+    verdict = book.verdict(spec_of(book, "a").key)
+    assert verdict is not None
+    assert verdict.reason is None
+
+
+def test_a_gang_that_does_not_fit_holds_nothing_and_says_which_member_and_why() -> None:
+    cache, book = cluster()
+    add_gang(cache, book, "big", 3, 15000)  # one pod per card: two cards, three pods
+    decision = decide(cache, book, "big")
+    assert decision.placed == []
+    assert used(cache) == [0, 0]
+    messages = {refusal.message for _, refusal in decision.refused}
+    (message,) = messages
+    assert message.startswith(
+        "gang PodGroup default/big: only 2 of minMember 3 pods can be placed together now "
+        "(0 bound); pod default/big2 does not fit:"
+    )
+    assert len(decision.refused) == 3
+
+
+def test_a_gang_below_its_minimum_before_it_ran_evicts_only_controlled_members() -> None:
+    cache, book = cluster()
+    add_gang(cache, book, "g", 2, 1000)
+    decision = decide_gang(
+        cache, book, spec_of(book, "g"), Policy.BESTFIT, timeout_s=300, waited={}
+    )
+    assert len(decision.placed) == 2
+    _, (second, _) = decision.placed
+    book.forget_member(second.uid)
+    cache.forget_pod(second.uid)
+    assert broken_gang(cache, book, spec_of(book, "g").key) == []  # a bare pod: kept
+    verdict = book.verdict(spec_of(book, "g").key)
+    assert verdict is not None
+    assert verdict.reason is not None
+    assert "kept 1 bound pod(s) that no controller owns" in verdict.reason

@@ -1,0 +1,68 @@
+"""The GPUNode status writer: only changed statuses are written, and at a bounded pace."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from builders import capacity_node, gpu_pod, gpunode_resource
+
+from gpushare_operator.config import OperatorConfig
+from gpushare_operator.metrics import SchedulerMetrics
+from gpushare_operator.scheduling.cache import SchedulerCache
+from gpushare_operator.scheduling.gangs import GangBook
+from gpushare_operator.scheduling.podinfo import PodInfo
+from gpushare_operator.status import StatusWriter
+
+CONFIG = OperatorConfig(scheduler_names=frozenset({"volcano"}), status_write_rate=10)
+
+
+class RecordingApi:
+    """The one call the status writer makes, recorded with the time it was made."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, float, Mapping[str, Any]]] = []
+
+    async def patch_gpunode_status(self, name: str, status: Mapping[str, Any]) -> None:
+        self.writes.append((name, time.monotonic(), status))
+
+
+def cluster(nodes: int) -> SchedulerCache:
+    cache = SchedulerCache(config=lambda: CONFIG)
+    for number in range(nodes):
+        name = f"n{number}"
+        node = capacity_node(name, 22356, 2)
+        node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+        node["status"]["allocatable"] = {**node["status"]["capacity"], "pods": "110"}
+        cache.observe_node(node)
+        cache.observe_gpunode(gpunode_resource(name, [11178, 11178]))
+    return cache
+
+
+@pytest.mark.asyncio
+async def test_statuses_are_written_at_the_configured_pace_and_only_when_they_change() -> None:
+    cache, api = cluster(4), RecordingApi()
+    writer = StatusWriter(
+        cache=cache,
+        gangs=GangBook(),
+        api=api,  # type: ignore[arg-type]
+        metrics=SchedulerMetrics(),
+        config=lambda: CONFIG,
+    )
+    await writer.write_changed()
+    assert [name for name, _, _ in api.writes] == ["n0", "n1", "n2", "n3"]
+    times = [at for _, at, _ in api.writes]
+    # 10 writes a second: a tenth of a second between two (sleep never wakes early).
+    assert all(later - earlier >= 0.099 for earlier, later in itertools.pairwise(times))
+
+    await writer.write_changed()  # nothing changed: nothing written
+    assert len(api.writes) == 4
+
+    cache.observe_pod(PodInfo.parse(gpu_pod("a", 6000, node="n2", index="1", uid="ua")))
+    await writer.write_changed()
+    name, _, status = api.writes[-1]
+    assert (len(api.writes), name) == (5, "n2")
+    assert status["cards"][1]["pods"] == ["default/a"]
