@@ -18,7 +18,8 @@ would, in every scheduler's phase: the node's write of a GPU pod is the same who
 so each scheduler is measured with the same load on the apiserver per pod (the Binding and its
 Event are the scheduler's own).
 For each: backlog (P pods pending before it starts; pods bound per second from its first
-bind to its last, and its CPU seconds per 1,000 pods over that time), burst (P pods created
+bind to its last, its CPU seconds per 1,000 pods over that time, and the apiserver's and
+etcd's together), burst (P pods created
 while it runs, 32 creates in flight; pods bound per second from the first create, and
 create-to-bound p50 and p99), single pods (created one at a time into the idle cluster, 5 s
 after the burst, create-to-bound p50 and p99), and its resident memory at the end. Times are
@@ -42,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -221,9 +223,12 @@ async def measure(
     await core.create_namespace(cast(client.V1Namespace, {"metadata": {"name": namespace}}))
     backlog = [f"backlog-{i}" for i in range(args.pods)]
     await create_pods(core, namespace, backlog, scheduler.name)
+    requests_before = await server_requests(api)
     pid = scheduler.start()
     try:
-        backlog_rate, cpu_per_1000 = await backlog_bound(binds, pid, namespace, backlog)
+        backlog_rate, cpu_per_1000, server_per_1000 = await backlog_bound(
+            binds, pid, namespace, backlog
+        )
 
         burst = [f"burst-{i}" for i in range(args.pods)]
         started = time.monotonic()
@@ -244,31 +249,68 @@ async def measure(
     finally:
         binds.on_bind = None
         scheduler.stop()
+    requests = await server_requests(api)
+    requests.subtract(requests_before)
+    pods = 2 * args.pods + args.single
     await empty(core, namespace)
     return {
         "backlog_bound_per_s": round(backlog_rate),
         "backlog_cpu_s_per_1000_pods": round(cpu_per_1000, 2),
+        "backlog_server_cpu_s_per_1000_pods": round(server_per_1000, 2),
         "burst_bound_per_s": round(burst_rate),
         "burst_create_to_bound_p50_ms": round(statistics.median(latencies) * 1000),
         "burst_create_to_bound_p99_ms": round(percentile(latencies, 0.99) * 1000),
         "single_create_to_bound_p50_ms": round(statistics.median(single) * 1000, 1),
         "single_create_to_bound_p99_ms": round(percentile(single, 0.99) * 1000, 1),
         "rss_mib": memory,
+        "server_requests_per_pod": {
+            what: round(count / pods, 2)
+            for what, count in requests.most_common()
+            if count / pods >= 0.01
+        },
     }
+
+
+async def server_requests(api: client.ApiClient) -> Counter[str]:
+    """The apiserver's requests so far by verb and resource (`apiserver_request_total`), but
+    the benchmark's own: pods created, the stand-in's PATCH and the watches' LISTs."""
+    response = await api.call_api(
+        "/metrics", "GET", _preload_content=False, auth_settings=["BearerToken"]
+    )
+    text = (await response.read()).decode()
+    counts: Counter[str] = Counter()
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(
+            part.split("=", 1) for part in line[line.index("{") + 1 : line.rindex("}")].split(",")
+        )
+        labels = {key: value.strip('"') for key, value in labels.items()}
+        what = f"{labels.get('verb')} {labels.get('resource')}"
+        if labels.get("subresource"):
+            what += f"/{labels['subresource']}"
+        counts[what] += int(float(line.rsplit(" ", 1)[1]))
+    return counts
+
+
+SERVER_PIDS: list[int] = []
+"""The apiserver's and etcd's: their CPU per pod is each scheduler's cost on the server."""
 
 
 async def backlog_bound(
     binds: Binds, pid: int, namespace: str, names: list[str]
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     """Pods bound per second from the first bind to the last of `names` (pending before the
-    scheduler `pid` started), and its CPU seconds per 1,000 pods over that time."""
+    scheduler `pid` started), its CPU seconds per 1,000 pods over that time, and the
+    apiserver's and etcd's together."""
     keys = [f"{namespace}/{n}" for n in names]
-    cpu: dict[str, float] = {}
+    cpu: dict[str, tuple[float, float]] = {}
 
     def sample() -> None:  # CPU at the first and the last bind of the backlog
         seen = sum(1 for k in keys if k in binds.at)
         if seen == 1 or seen == len(keys):
-            cpu["first" if seen == 1 else "last"] = cpu_seconds(pid)
+            server = sum(cpu_seconds(p) for p in SERVER_PIDS)
+            cpu["first" if seen == 1 else "last"] = (cpu_seconds(pid), server)
 
     binds.on_bind = sample
     try:
@@ -277,7 +319,8 @@ async def backlog_bound(
         binds.on_bind = None
     times = [binds.at[k] for k in keys]
     rate = (len(keys) - 1) / (max(times) - min(times))
-    return rate, (cpu["last"] - cpu["first"]) / (len(keys) - 1) * 1000
+    per_1000 = [(b - a) / (len(keys) - 1) * 1000 for a, b in zip(*cpu.values(), strict=True)]
+    return rate, per_1000[0], per_1000[1]
 
 
 async def measure_gangs(
@@ -295,7 +338,7 @@ async def measure_gangs(
         await create_pods(core, label, names, operator.name, mib=args.gang_mib, gang_size=gang_size)
         pid = operator.start()
         try:
-            rate, cpu = await backlog_bound(binds, pid, label, names)
+            rate, cpu, _ = await backlog_bound(binds, pid, label, names)
         finally:
             operator.stop()
         await empty(core, label)
@@ -450,6 +493,7 @@ async def create_nodes(core: client.CoreV1Api, nodes: int, cards: int) -> None:
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     plane = ControlPlane(workdir / "plane").start()
+    SERVER_PIDS[:] = [plane.pids()["kube-apiserver"], plane.pids()["etcd"]]
     stand_in: asyncio.subprocess.Process | None = None
     try:
         async with await kube.api_client(plane.kubeconfig) as api:
@@ -491,7 +535,12 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     ours, theirs = results["operator"], results["kube-scheduler-raised"]
     results["operator_vs_kube_scheduler"] = {
         key: round(ours[key] / theirs[key], 2)
-        for key in ("backlog_bound_per_s", "burst_bound_per_s", "backlog_cpu_s_per_1000_pods")
+        for key in (
+            "backlog_bound_per_s",
+            "burst_bound_per_s",
+            "backlog_cpu_s_per_1000_pods",
+            "backlog_server_cpu_s_per_1000_pods",
+        )
     }
     results["operator_backlog_vs_raw"] = round(
         ours["backlog_bound_per_s"] / results["raw"]["bound_per_s"], 2
@@ -501,7 +550,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 async def stand_in(kubeconfig: Path) -> None:
     async with await kube.api_client(kubeconfig) as api:
-        await act_as_device_plugins(api, every_bound_pod=True)
+        await act_as_device_plugins(api, every_bound_pod=True, in_flight=256)
 
 
 def main() -> int:

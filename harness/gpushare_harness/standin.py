@@ -4,23 +4,29 @@ from __future__ import annotations
 
 import asyncio
 
-from kubernetes_asyncio import client, watch
+from kubernetes_asyncio import client
 
 from gpushare import kube
+from gpushare.kube.reflector import Item, Reflector
 from gpushare.model import contract
 from gpushare.model.annotations import gpu_assigned
 
 
-async def act_as_device_plugins(api: client.ApiClient, *, every_bound_pod: bool = False) -> None:
+async def act_as_device_plugins(
+    api: client.ApiClient, *, every_bound_pod: bool = False, in_flight: int = 32
+) -> None:
     """Marks bound pods `gpu-assigned` as the device plugins would once the kubelets start
     them (no kubelet runs here); without it, the exactness rule would hold back every later
     pod of the same size on a node behind the first, unassigned one. `every_bound_pod`: also
     pods placed without a card (by kube-scheduler), so that a benchmark charges each
-    scheduler the same node-side write per pod."""
+    scheduler the same node-side write per pod. `in_flight`: PATCHes at once (a node's
+    kubelet each, in a real cluster). It reads pods with the project's own reflector (raw
+    JSON, no model objects), so that it keeps up with any scheduler."""
     core = client.CoreV1Api(api)
     marked: set[str] = set()
-    limit = asyncio.Semaphore(32)  # kubelets work in parallel, one per node
+    limit = asyncio.Semaphore(in_flight)
     patch = {"metadata": {"annotations": {contract.GPU_ASSIGNED: contract.GPU_ASSIGNED_TRUE}}}
+    tasks: set[asyncio.Task[None]] = set()
 
     async def mark(name: str, namespace: str) -> None:
         async with limit:
@@ -28,27 +34,30 @@ async def act_as_device_plugins(api: client.ApiClient, *, every_bound_pod: bool 
                 core.patch_namespaced_pod(name, namespace, patch, _preload_content=False)
             )
 
-    tasks: set[asyncio.Task[None]] = set()
+    def seen(_: str, pod: Item) -> None:
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid"))
+        annotations = meta.get("annotations") or {}
+        if (
+            (pod.get("spec") or {}).get("nodeName")
+            and (every_bound_pod or contract.GPU_INDEX in annotations)
+            and not gpu_assigned(annotations)
+            and uid not in marked
+        ):
+            marked.add(uid)
+            task = asyncio.create_task(mark(meta["name"], meta["namespace"]))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+    pods = Reflector(
+        "pods",
+        core.list_pod_for_all_namespaces,
+        transform=lambda pod: pod,
+        on_event=seen,
+        on_listed=lambda *_: None,
+    )
     try:
-        async with watch.Watch() as stream:
-            async for event in stream.stream(
-                core.list_pod_for_all_namespaces, _request_timeout=3600
-            ):
-                obj = event["raw_object"]
-                uid = obj["metadata"]["uid"]
-                annotations = obj["metadata"].get("annotations") or {}
-                if (
-                    obj["spec"].get("nodeName")
-                    and (every_bound_pod or contract.GPU_INDEX in annotations)
-                    and not gpu_assigned(annotations)
-                    and uid not in marked
-                ):
-                    marked.add(uid)
-                    task = asyncio.create_task(
-                        mark(obj["metadata"]["name"], obj["metadata"]["namespace"])
-                    )
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
+        await pods.run()
     finally:
         for task in tasks:
             task.cancel()

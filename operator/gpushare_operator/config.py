@@ -44,7 +44,7 @@ class OperatorConfig:
     backoff_max_s: float = 10.0
     unschedulable_retry_s: float = 60.0
     gang_timeout_s: float = 300.0
-    max_concurrent_binds: int = 32
+    max_concurrent_binds: int = 128
     leader_elect: bool = True
     lease_namespace: str = "gpushare-system"
     lease_name: str = "gpushare-scheduler"
@@ -54,7 +54,7 @@ class OperatorConfig:
     identity: str = field(default_factory=_default_identity)
     metrics_port: int = 9090
     status_interval_s: float = 2.0
-    status_write_rate: int = 20
+    status_write_rate: int = 10
     plugin_stale_after_s: float = 90.0
     log_level: str = "info"
     memory_unit_mib: int = contract.DEFAULT_MEMORY_UNIT_MIB
