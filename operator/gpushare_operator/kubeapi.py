@@ -5,8 +5,9 @@ events (Scheduled, FailedScheduling), gpunodes/status, gpushareconfigs/status, P
 status (Volcano's and the coscheduling API's), pods/eviction (a gang's bound pods, when it
 fell below its minimum before it ran), Leases, the admission webhook's Secret (created
 once) and its MutatingWebhookConfiguration's caBundle.
-Reads of pods, nodes, GPUNodes and PodGroups: each resource's list call, for the Reflector that
-lists and watches it (gpushare.kube.reflector); single pods are read back after a refused bind.
+Reads of pods, nodes, GPUNodes, PodGroups and PriorityClasses: each resource's list call, for
+the Reflector that lists and watches it (gpushare.kube.reflector); single pods are read back
+after a refused bind.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ COMPONENT = "gpushare-scheduler"
 
 class SchedulerApi(Protocol):
     def lister(self, resource: str) -> ListCall:
-        """The list (and watch) call of `pods`, `nodes`, `gpunodes`, or the PodGroups of
-        a `GroupApi` (its name), for a Reflector."""
+        """The list (and watch) call of `pods`, `nodes`, `gpunodes`, `priorityclasses`, or
+        the PodGroups of a `GroupApi` (its name), for a Reflector."""
         ...
 
     async def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> None: ...
@@ -97,6 +98,7 @@ class KubeSchedulerApi:
 
     def __init__(self, api: client.ApiClient, *, identity: str, timeout_s: float) -> None:
         self._core = client.CoreV1Api(api)
+        self._scheduling = client.SchedulingV1Api(api)
         self._objects = client.CustomObjectsApi(api)
         self._leases = client.CoordinationV1Api(api)
         self._admission = client.AdmissionregistrationV1Api(api)
@@ -108,6 +110,8 @@ class KubeSchedulerApi:
             return self._core.list_pod_for_all_namespaces
         if resource == "nodes":
             return self._core.list_node
+        if resource == "priorityclasses":
+            return self._scheduling.list_priority_class
         if resource in GroupApi.__members__:
             api = GroupApi[resource]
             return functools.partial(

@@ -136,7 +136,22 @@ class Runtime:
             )
             for group_api in GroupApi
         )
-        self.reflectors: tuple[Reflector[Any], ...] = (nodes, gpunodes, *groups, self._pods)
+        priority_classes = Reflector(
+            "priorityclasses",
+            api.lister("priorityclasses"),
+            transform=dict,
+            on_event=self.priority_class_event,
+            on_listed=self._listed_priority_classes,
+            key=name_of,
+            optional=True,
+        )
+        self.reflectors: tuple[Reflector[Any], ...] = (
+            nodes,
+            gpunodes,
+            priority_classes,
+            *groups,
+            self._pods,
+        )
         self.synced = asyncio.Event()
         self.started_at = time.monotonic()
         self.last_event: dict[str, float] = {}
@@ -313,7 +328,7 @@ class Runtime:
                 self._log_once(f"pod {uid}", message)
             self.gangs.observe_member(pod)
         if change is PodChange.PENDING:
-            self.queue.add(uid, pod.priority)
+            self.queue.add(uid, self.gangs.priority_of(pod))
         elif change is PodChange.BOUND:
             self.queue.remove(uid)
         elif change is PodChange.GONE:
@@ -334,6 +349,18 @@ class Runtime:
         else:
             self.gangs.observe_group(group_api, body)
         self.queue.wake(key)
+
+    def priority_class_event(self, event_type: str, body: Body) -> None:
+        """A PriorityClass a PodGroup may name (`priorityClassName`): its gang's priority."""
+        name = text(path(body, "metadata").get("name")) or ""
+        if event_type == DELETED:
+            self.gangs.forget_priority_class(name)
+        else:
+            self.gangs.observe_priority_class(name, body.get("value"))
+
+    def _listed_priority_classes(self, names: set[str], version: str) -> None:
+        for name in self.gangs.priority_class_names() - names:
+            self.gangs.forget_priority_class(name)
 
     def _listed_groups(self, group_api: GroupApi, names: set[str], version: str) -> None:
         for key in self.gangs.keys(group_api):

@@ -48,6 +48,7 @@ class GangBook:
         self._members: dict[GroupKey, dict[PodUid, PodInfo]] = {}
         self._group_of: dict[PodUid, GroupKey] = {}
         self._verdicts: dict[GroupKey, GroupVerdict] = {}
+        self._priority_classes: dict[str, int] = {}
 
     def observe_group(self, api: GroupApi, body: Body) -> GroupKey:
         key = group_key(api, body)
@@ -95,6 +96,24 @@ class GangBook:
             if not members:
                 self._members.pop(key, None)
         return key
+
+    def observe_priority_class(self, name: str, value: object) -> None:
+        if isinstance(value, int) and not isinstance(value, bool):
+            self._priority_classes[name] = value
+
+    def forget_priority_class(self, name: str) -> None:
+        self._priority_classes.pop(name, None)
+
+    def priority_class_names(self) -> set[str]:
+        return set(self._priority_classes)
+
+    def priority_of(self, pod: PodInfo) -> int:
+        """The pod's place in the queue: its own priority, or its gang's (the PodGroup's
+        `priorityClassName`) when that is higher, so that gangs go by their priority."""
+        spec = self._specs.get(pod.group) if pod.group is not None else None
+        if not isinstance(spec, GroupSpec) or spec.priority_class is None:
+            return pod.priority
+        return max(pod.priority, self._priority_classes.get(spec.priority_class, pod.priority))
 
     def members(self, key: GroupKey) -> list[PodInfo]:
         return list(self._members.get(key, {}).values())
@@ -198,7 +217,7 @@ def decide_gang(
             for pod in book.members(spec.key)
             if cache.pending(pod.uid) is not None and not pod.gated
         ),
-        key=lambda pod: (-pod.priority, pod.created_s or 0.0, pod.ref.name),
+        key=lambda pod: (-book.priority_of(pod), pod.created_s or 0.0, pod.ref.name),
     )
     decision = GangDecision()
     missing = missing_members(spec, members)

@@ -99,3 +99,21 @@ def test_a_gang_below_its_minimum_before_it_ran_evicts_only_controlled_members()
     assert verdict is not None
     assert verdict.reason is not None
     assert "kept 1 bound pod(s) that no controller owns" in verdict.reason
+
+
+def test_a_gangs_members_queue_at_its_podgroups_priority_class_when_higher() -> None:
+    cache, book = cluster()
+    add_gang(cache, book, "g", 2, 1000)
+    book.observe_group(
+        GroupApi.VOLCANO,
+        {
+            "metadata": {"name": "g", "namespace": "default"},
+            "spec": {"minMember": 2, "priorityClassName": "high"},
+        },
+    )
+    (member, *_) = book.members(spec_of(book, "g").key)
+    assert book.priority_of(member) == 0  # the class is not known (yet)
+    book.observe_priority_class("high", 1000)
+    assert book.priority_of(member) == 1000
+    book.forget_priority_class("high")
+    assert book.priority_of(member) == 0

@@ -356,3 +356,25 @@ async def test_a_gang_that_falls_below_its_minimum_before_it_runs_releases_its_c
 
     await eventually(kept_and_said, what="the bare gang's reason")
     assert not (await read_pod(core, "b0"))["metadata"].get("deletionTimestamp")
+
+
+async def test_of_two_waiting_gangs_the_one_of_the_higher_priority_class_goes_first(
+    core: client.CoreV1Api,
+    groups: client.CustomObjectsApi,
+    start_operator: Start,
+    api: client.ApiClient,
+) -> None:
+    await create_gpu_node(core, FakeGpuNode(name="n", gpu_memory=40000, gpu_number=2))
+    await client.SchedulingV1Api(api).create_priority_class(
+        client.V1PriorityClass(metadata=client.V1ObjectMeta(name="gang-high"), value=1000)
+    )
+    await create_group(groups, "first", {"minMember": 4})
+    await create_group(groups, "urgent", {"minMember": 4, "priorityClassName": "gang-high"})
+    for index in range(4):  # the older gang first; both wait for the operator
+        await create_pod(core, member(f"f{index}", "first", 9000))
+    for index in range(4):
+        await create_pod(core, member(f"u{index}", "urgent", 9000))
+    start_operator()
+    for index in range(4):
+        await bound(core, f"u{index}")
+    assert "gang PodGroup default/first" in await unschedulable(core, "f0")
