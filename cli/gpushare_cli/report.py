@@ -29,6 +29,7 @@ from gpushare.model import (
     diagnose,
 )
 from gpushare.model.bodies import Body, annotations_of, path, text
+from gpushare.model.gangs import group_of
 from gpushare.model.usage import CardUsage
 from gpushare_cli.errors import CliError
 from gpushare_cli.read import Cluster
@@ -297,7 +298,8 @@ def _gang_of(cluster: Cluster, cache: SchedulerCache, pod: PodInfo) -> tuple[Gan
     for api, item in cluster.podgroups:
         book.observe_group(api, item)
     for body in cluster.pods:
-        book.observe_member(PodInfo.parse(body))
+        if group_of(body) == pod.group:  # parse only the group's members
+            book.observe_member(PodInfo.parse(body))
     spec = book.spec(pod.group)
     if spec is None:
         return book, (

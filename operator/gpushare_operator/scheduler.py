@@ -63,7 +63,7 @@ class Scheduler:
         self._metrics = metrics
         self._config = config
         self._pod_event = pod_event
-        self._binds: set[asyncio.Task[None]] = set()
+        self._in_flight: set[asyncio.Task[None]] = set()  # binds and evictions
         self._slots = asyncio.Semaphore(config().max_concurrent_binds)
         self._log = logs.get("scheduler")
 
@@ -82,16 +82,16 @@ class Scheduler:
                     task = asyncio.create_task(
                         self._bind(decision), name=f"bind {decision.pod.ref}"
                     )
-                    self._binds.add(task)
-                    task.add_done_callback(self._binds.discard)
+                    self._in_flight.add(task)
+                    task.add_done_callback(self._in_flight.discard)
                 depth = self.queue.depth()
                 self._metrics.pending_pods.labels("active").set(depth.active)
                 self._metrics.pending_pods.labels("backoff").set(depth.backoff)
                 self._metrics.pending_pods.labels("unschedulable").set(depth.parked)
         finally:
-            for task in self._binds:
+            for task in self._in_flight:
                 task.cancel()
-            await asyncio.gather(*self._binds, return_exceptions=True)
+            await asyncio.gather(*self._in_flight, return_exceptions=True)
 
     # -- scheduling cycle (synchronous) --------------------------------------------------
 
@@ -167,8 +167,8 @@ class Scheduler:
         for pod in broken_gang(self.cache, self.gangs, key):
             self._log.warning("gang_below_minimum", pod=str(pod.ref), group=str(key))
             task = asyncio.create_task(self._evict(pod.ref), name=f"evict {pod.ref}")
-            self._binds.add(task)
-            task.add_done_callback(self._binds.discard)
+            self._in_flight.add(task)
+            task.add_done_callback(self._in_flight.discard)
 
     async def _evict(self, pod: PodRef) -> None:
         try:

@@ -118,6 +118,14 @@ class GangBook:
     def members(self, key: GroupKey) -> list[PodInfo]:
         return list(self._members.get(key, {}).values())
 
+    def pending(self, key: GroupKey, cache: SchedulerCache) -> list[PodInfo]:
+        """The members the scheduler may bind now, in the order a gang places them:
+        highest priority, then oldest."""
+        return sorted(
+            (pod for pod in self._members.get(key, {}).values() if _pending(pod, cache)),
+            key=lambda pod: (-self.priority_of(pod), pod.created_s or 0.0, pod.ref.name),
+        )
+
     def counts(self, key: GroupKey, cache: SchedulerCache) -> Members:
         pending = bound = running = succeeded = failed = 0
         for pod in self._members.get(key, {}).values():
@@ -128,7 +136,7 @@ class GangBook:
             elif cache.holds(pod.uid):
                 bound += 1
                 running += pod.phase == "Running"
-            elif cache.pending(pod.uid) is not None and not pod.gated:
+            elif _pending(pod, cache):
                 pending += 1
         return Members(pending, bound, running, succeeded, failed)
 
@@ -182,6 +190,11 @@ def broken_gang(cache: SchedulerCache, book: GangBook, key: GroupKey) -> list[Po
     return evicted
 
 
+def _pending(pod: PodInfo, cache: SchedulerCache) -> bool:
+    """Unbound, ours, not gated: a member the scheduler may bind now."""
+    return cache.pending(pod.uid) is not None and not pod.gated
+
+
 @dataclass(frozen=True, slots=True)
 class GroupVerdict:
     reason: str | None
@@ -211,14 +224,7 @@ def decide_gang(
     """Place `spec`'s pending members all together, or none of them, and say why.
     `waited`: the placements members were reserved while they waited (already dropped)."""
     members = book.counts(spec.key, cache)
-    pending = sorted(
-        (
-            pod
-            for pod in book.members(spec.key)
-            if cache.pending(pod.uid) is not None and not pod.gated
-        ),
-        key=lambda pod: (-book.priority_of(pod), pod.created_s or 0.0, pod.ref.name),
-    )
+    pending = book.pending(spec.key, cache)
     decision = GangDecision()
     missing = missing_members(spec, members)
     if missing is not None:
