@@ -40,7 +40,10 @@ BENCH = Path(__file__).resolve().parent
 FULL: dict[str, list[list[str]]] = {
     "placement": [["--decisions", "10000"]],
     "packing": [["--nodes", "50", "--seeds", "5"]],
-    "operator": [["--nodes", str(n), "--pods", "2000"] for n in (200, 1000, 5000)],
+    "operator": [
+        *(["--nodes", str(n), "--pods", "2000"] for n in (200, 1000)),
+        ["--nodes", "5000", "--pods", "2000", "--rounds", "1"],
+    ],
     "scale": [["--nodes", "5000", "--pods", "50000"]],
     "plugin": [["--pods", "500"]],
     "burst": [["--nodes", "50", "--pods", "400"]],
@@ -50,7 +53,7 @@ FULL: dict[str, list[list[str]]] = {
 QUICK: dict[str, list[list[str]]] = {
     "placement": [["--nodes", "200", "--pods", "1600", "--decisions", "2000"]],
     "packing": [["--nodes", "10", "--seeds", "2"]],
-    "operator": [["--nodes", "20", "--pods", "100", "--single", "10"]],
+    "operator": [["--nodes", "20", "--pods", "100", "--single", "10", "--rounds", "2"]],
     "scale": [["--nodes", "100", "--pods", "1000"]],
     "plugin": [["--pods", "50"]],
     "burst": [["--nodes", "10", "--pods", "80"]],

@@ -12,7 +12,8 @@ from typing import Any, TypeVar, cast
 from kubernetes_asyncio import client
 
 from gpushare.kube import raw_json
-from gpushare.model import contract
+from gpushare.model import contract, pod_ref
+from gpushare_operator.kubeapi import KubeSchedulerApi
 
 T = TypeVar("T")
 
@@ -171,26 +172,10 @@ async def create_gpunode(
 async def bind_pod(
     core: client.CoreV1Api, pod: dict[str, Any], node: str, annotations: dict[str, str]
 ) -> None:
-    """Bind `pod` as a scheduler does: one Binding, UID precondition, annotations with it.
-    The apiserver answers with a Status the generated client cannot parse as the V1Binding it
-    expects, so the raw response is read (kubernetes/kubernetes#80663)."""
-    meta = pod["metadata"]
-    body = {
-        "apiVersion": "v1",
-        "kind": "Binding",
-        "metadata": {
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "uid": meta["uid"],
-            "annotations": annotations,
-        },
-        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-    }
-    await raw_json(
-        core.create_namespaced_pod_binding(
-            meta["name"], meta["namespace"], cast(client.V1Binding, body), _preload_content=False
-        )
-    )
+    """Bind `pod` as the operator does: its own Binding (protobuf, UID precondition,
+    annotations with it)."""
+    api = KubeSchedulerApi(core.api_client, identity="test", timeout_s=30)  # type: ignore[attr-defined]
+    await api.bind(pod_ref(pod), node, annotations)
 
 
 def dev(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:

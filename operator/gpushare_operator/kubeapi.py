@@ -1,7 +1,8 @@
 """Every Kubernetes API call the operator makes, behind the `SchedulerApi` protocol.
 
 Writes go to: pods/binding (the bind, with the GPU annotations), pods/status (PodScheduled),
-events (Scheduled, FailedScheduling), gpunodes/status, gpushareconfigs/status, PodGroups'
+events (Scheduled, FailedScheduling; these and the bind in protobuf, as kube-scheduler sends
+them: gpushare.kube.protobuf), gpunodes/status, gpushareconfigs/status, PodGroups'
 status (Volcano's and the coscheduling API's), pods/eviction (a gang's bound pods, when it
 fell below its minimum before it ran), Leases, the admission webhook's Secret (created
 once) and its MutatingWebhookConfiguration's caBundle.
@@ -13,12 +14,13 @@ after a refused bind.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Awaitable, Mapping
 from typing import Any, Protocol, cast
 
 from kubernetes_asyncio import client
 
-from gpushare.kube import ApiError, raw_json, read_pod
+from gpushare.kube import ApiError, protobuf, raw_json, raw_protobuf, read_pod, send_protobuf
 from gpushare.kube.clock import rfc3339
 from gpushare.kube.reflector import ListCall
 from gpushare.model import PodRef, contract
@@ -97,6 +99,7 @@ class KubeSchedulerApi:
     """SchedulerApi over kubernetes_asyncio, reading raw responses (see gpushare.kube)."""
 
     def __init__(self, api: client.ApiClient, *, identity: str, timeout_s: float) -> None:
+        self._api = api
         self._core = client.CoreV1Api(api)
         self._scheduling = client.SchedulingV1Api(api)
         self._objects = client.CustomObjectsApi(api)
@@ -126,26 +129,15 @@ class KubeSchedulerApi:
 
     async def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> None:
         # The UID precondition makes the bind fail if the pod was replaced by a namesake.
-        binding = {
-            "apiVersion": "v1",
-            "kind": "Binding",
-            "metadata": {
-                "name": pod.name,
-                "namespace": pod.namespace,
-                "uid": pod.uid,
-                "annotations": dict(annotations),
-            },
-            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-        }
-        await raw_json(
-            self._core.create_namespaced_pod_binding(
-                pod.name,
-                pod.namespace,
-                cast(client.V1Binding, binding),
-                _preload_content=False,
-                _request_timeout=self._timeout,
-            )
+        body = protobuf.binding(
+            namespace=pod.namespace,
+            name=pod.name,
+            uid=pod.uid,
+            annotations=annotations,
+            node=node,
         )
+        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding"
+        await raw_protobuf(send_protobuf(self._api, "POST", path, body, timeout_s=self._timeout))
 
     async def read_pod(self, pod: PodRef) -> dict[str, Any] | None:
         return await read_pod(self._core, pod.name, pod.namespace, pod.uid, timeout_s=self._timeout)
@@ -183,37 +175,22 @@ class KubeSchedulerApi:
         )
 
     async def post_event(self, pod: PodRef, *, event_type: str, reason: str, message: str) -> str:
-        stamp = rfc3339()
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "namespace": pod.namespace,
-                "name": pod.name,
-                "uid": pod.uid,
-            },
-            "type": event_type,
-            "reason": reason,
-            "message": message,
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self._identity,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
-        created = await raw_json(
-            self._core.create_namespaced_event(
-                pod.namespace,
-                cast(client.CoreV1Event, event),
-                _preload_content=False,
-                _request_timeout=self._timeout,
-            )
+        body = protobuf.event(
+            namespace=pod.namespace,
+            name=pod.name,
+            uid=pod.uid,
+            event_type=event_type,
+            reason=reason,
+            message=message,
+            component=COMPONENT,
+            instance=self._identity,
+            at_s=int(time.time()),
         )
-        return str(created.get("metadata", {}).get("name", ""))
+        path = f"/api/v1/namespaces/{pod.namespace}/events"
+        created = await raw_protobuf(
+            send_protobuf(self._api, "POST", path, body, timeout_s=self._timeout)
+        )
+        return protobuf.field(created, 1, 1)  # metadata.name
 
     async def repeat_event(self, namespace: str, name: str, *, message: str, count: int) -> None:
         change = {"message": message, "count": count, "lastTimestamp": rfc3339()}

@@ -7,10 +7,11 @@ import time
 from typing import Any
 
 import pytest
-from cluster import bind_pod
+from cluster import bind_pod, events_of
 from kubernetes_asyncio import client
 
 from gpushare.kube import ApiError, raw_json
+from gpushare.kube.clock import parse_time
 from gpushare.model import (
     CardIndex,
     Ledger,
@@ -24,6 +25,7 @@ from gpushare.model import (
     pod_ref,
 )
 from gpushare_harness import FakeGpuNode, create_gpu_node
+from gpushare_operator.kubeapi import COMPONENT, KubeSchedulerApi
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -112,3 +114,50 @@ async def test_a_second_binding_of_a_bound_pod_is_refused_with_a_conflict(
     assert caught.value.status == 409
     again = await raw_pod(core, "gpu-pod2", namespace)
     assert again["metadata"]["annotations"][contract.GPU_INDEX] == "0"
+
+
+async def test_a_binding_for_a_replaced_pod_is_refused_and_says_why(
+    core: client.CoreV1Api, namespace: str, unique: str
+) -> None:
+    node_name = f"gpu-node-{unique}"
+    await create_gpu_node(core, FakeGpuNode(name=node_name, gpu_memory=89424, gpu_number=8))
+    await core.create_namespaced_pod(namespace, guide_pod("gpu-pod3", namespace))
+    pod = await raw_pod(core, "gpu-pod3", namespace)
+    stale = {**pod, "metadata": {**pod["metadata"], "uid": "00000000-0000-0000-0000-000000000000"}}
+    with pytest.raises(ApiError) as caught:
+        await bind_pod(core, stale, node_name, {contract.GPU_INDEX: "0"})
+    assert caught.value.status == 409
+    assert "UID" in caught.value.message  # the apiserver's Status, read from protobuf
+    assert "nodeName" not in (await raw_pod(core, "gpu-pod3", namespace))["spec"]
+
+
+async def test_the_scheduled_event_reads_as_kubectl_shows_it(
+    api_client: client.ApiClient, core: client.CoreV1Api, namespace: str
+) -> None:
+    await core.create_namespaced_pod(namespace, guide_pod("gpu-pod4", namespace))
+    pod = await raw_pod(core, "gpu-pod4", namespace)
+    api = KubeSchedulerApi(api_client, identity="gpushare-0", timeout_s=30)
+    message = "Successfully assigned ns/gpu-pod4 to n, card 0 (10.0 GiB free left on the card)"
+    name = await api.post_event(
+        pod_ref(pod), event_type="Normal", reason="Scheduled", message=message
+    )
+    assert name.startswith("gpu-pod4.")
+    [event] = await events_of(core, "gpu-pod4", namespace)
+    assert event["metadata"]["name"] == name
+    assert event["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "namespace": namespace,
+        "name": "gpu-pod4",
+        "uid": pod["metadata"]["uid"],
+    }
+    assert (event["type"], event["reason"], event["message"]) == ("Normal", "Scheduled", message)
+    assert event["source"] == {"component": COMPONENT}
+    assert (event["reportingComponent"], event["reportingInstance"]) == (COMPONENT, "gpushare-0")
+    assert event["count"] == 1
+    assert event["firstTimestamp"] == event["lastTimestamp"]
+    assert abs(parse_time(event["lastTimestamp"]) - time.time()) < 60  # type: ignore[operator]
+
+    await api.repeat_event(namespace, name, message="again", count=2)
+    [again] = await events_of(core, "gpu-pod4", namespace)
+    assert (again["message"], again["count"]) == ("again", 2)

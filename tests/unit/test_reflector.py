@@ -34,8 +34,8 @@ class Answer:
     async def __aexit__(self, *exc: object) -> None:
         return None
 
-    async def text(self) -> str:
-        return self._body.decode()
+    async def read(self) -> bytes:
+        return self._body
 
     async def iter_any(self) -> AsyncIterator[bytes]:
         yield self._body

@@ -18,6 +18,8 @@ from typing import Any, cast
 import aiohttp
 from kubernetes_asyncio import client, config
 
+from gpushare.kube import protobuf
+
 
 class ApiError(Exception):
     """A Kubernetes API call answered with an error status."""
@@ -45,19 +47,51 @@ def transient(error: Exception) -> bool:
 async def raw_json(call: Awaitable[object]) -> dict[str, Any]:
     """The JSON body of a call made with `_preload_content=False`; ApiError on >= 300,
     ApiUnreachable (an OSError) when no answer came."""
+    body = await _answer(call)
+    decoded = json.loads(body) if body else {}
+    return decoded if isinstance(decoded, dict) else {}
+
+
+def send_protobuf(
+    api: client.ApiClient, method: str, path: str, body: bytes, *, timeout_s: float
+) -> Awaitable[object]:
+    """A call with a protobuf `body` (gpushare.kube.protobuf) to `path`, answered in protobuf
+    too; for `raw_protobuf`. The path is sent as it is: the names in it are DNS labels."""
+    return cast(
+        Awaitable[object],
+        api.call_api(
+            path,
+            method,
+            header_params={"Content-Type": protobuf.MEDIA_TYPE, "Accept": protobuf.MEDIA_TYPE},
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=timeout_s,
+        ),
+    )
+
+
+async def raw_protobuf(call: Awaitable[object]) -> bytes:
+    """The protobuf body of a `send_protobuf` call; errors as `raw_json` raises them."""
+    return await _answer(call)
+
+
+async def _answer(call: Awaitable[object]) -> bytes:
+    """The body of a call made with `_preload_content=False`, checked: ApiError on >= 300
+    (with the message of the Status the apiserver sent, JSON or protobuf), ApiUnreachable
+    when no answer came."""
     try:
         response = cast(aiohttp.ClientResponse, await call)
         async with response:
-            text = await response.text()
+            body = await response.read()
     except aiohttp.ClientError as error:
         if isinstance(error, OSError):
             raise
         # ServerDisconnectedError, ClientPayloadError ...: not OSErrors, but no answer either.
         raise ApiUnreachable(f"{type(error).__name__}: {error}") from error
     if response.status >= 300:
-        raise ApiError(response.status, _status_message(text))
-    decoded = json.loads(text) if text else {}
-    return decoded if isinstance(decoded, dict) else {}
+        raise ApiError(response.status, _status_message(body))
+    return body
 
 
 async def read_pod(
@@ -78,14 +112,19 @@ async def read_pod(
     return body if body.get("metadata", {}).get("uid") == uid else None
 
 
-def _status_message(text: str) -> str:
-    """The `message` of a Kubernetes Status body, else the text itself."""
+def _status_message(body: bytes) -> str:
+    """The `message` of a Kubernetes Status body (JSON or protobuf), else the body as text."""
     try:
-        body = json.loads(text)
+        return protobuf.field(body, 3)  # Status.message
+    except ValueError:
+        pass
+    text = body.decode(errors="replace")
+    try:
+        decoded = json.loads(text)
     except ValueError:
         return text
-    if isinstance(body, dict) and isinstance(body.get("message"), str):
-        return str(body["message"])
+    if isinstance(decoded, dict) and isinstance(decoded.get("message"), str):
+        return str(decoded["message"])
     return text
 
 
