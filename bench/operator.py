@@ -73,6 +73,8 @@ IN_FLIGHT = 32
 RAW_PROCESSES = 2
 KUBE_SCHEDULER_RAISED_QPS = 5000
 QUIET_S = 5.0
+STAND_IN_IN_FLIGHT = 256
+"""The device plugins' PATCHes at once, each on a connection of its own (a kubelet per node)."""
 
 
 def cpu_seconds(pid: int) -> float:
@@ -576,8 +578,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 
 async def stand_in(kubeconfig: Path) -> None:
-    async with await kube.api_client(kubeconfig) as api:
-        await act_as_device_plugins(api, every_bound_pod=True, in_flight=256)
+    async with await kube.api_client(kubeconfig, connections=STAND_IN_IN_FLIGHT) as api:
+        await act_as_device_plugins(api, every_bound_pod=True, in_flight=STAND_IN_IN_FLIGHT)
 
 
 def main() -> int:

@@ -44,7 +44,7 @@ class OperatorConfig:
     backoff_max_s: float = 10.0
     unschedulable_retry_s: float = 60.0
     gang_timeout_s: float = 300.0
-    max_concurrent_binds: int = 128
+    max_concurrent_binds: int = 512
     leader_elect: bool = True
     lease_namespace: str = "gpushare-system"
     lease_name: str = "gpushare-scheduler"

@@ -58,7 +58,9 @@ async def startup(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> No
     settings.posting.level = logging.WARNING
     settings.scanning.disabled = True
     settings.watching.server_timeout = 300
-    api_client = await kube.api_client()
+    # A connection per call in flight (HTTP/1.1): every bind the option allows, and the
+    # watches, reports and status writes beside them.
+    api_client = await kube.api_client(connections=config.max_concurrent_binds + 64)
     api = KubeSchedulerApi(api_client, identity=config.identity, timeout_s=config.bind_timeout_s)
     state = Runtime(config=config, api=api, on_failure=_stop_operator)
     state.metrics.serve(config.metrics_port)

@@ -129,12 +129,14 @@ def _status_message(body: bytes) -> str:
 
 
 async def api_client(
-    kubeconfig: Path | None = None, *, context: str | None = None
+    kubeconfig: Path | None = None, *, context: str | None = None, connections: int = 100
 ) -> client.ApiClient:
     """An ApiClient for `kubeconfig` (its `context`, else its current one), else the in-cluster
-    service account, else the default kubeconfig ($KUBECONFIG, ~/.kube/config). The caller
-    closes it (`async with`)."""
+    service account, else the default kubeconfig ($KUBECONFIG, ~/.kube/config), with at most
+    `connections` open at once (each holds one call: HTTP/1.1). The caller closes it
+    (`async with`)."""
     configuration = client.Configuration()
+    configuration.connection_pool_maxsize = connections
     if kubeconfig is not None or context is not None:
         await config.load_kube_config(
             config_file=None if kubeconfig is None else str(kubeconfig),

@@ -62,10 +62,15 @@ def test_long_strings_keep_every_byte() -> None:
 
 
 @pytest.mark.parametrize(
-    "answer",
-    [b'{"kind":"Status","message":"no"}', b"k8s\x00\x12\x05ab", b"k8s\x00\x0f"],
-    ids=["json", "cut short", "wire type 7"],
+    ("answer", "problem"),
+    [
+        (b'{"kind":"Status","message":"no"}', "not a Kubernetes protobuf body"),
+        (b"k8s\x00\x12\x05ab", "cut short"),
+        (b"k8s\x00\x0f", "wire type 7"),
+    ],
 )
-def test_an_answer_that_is_not_a_whole_protobuf_object_is_refused(answer: bytes) -> None:
-    with pytest.raises(ValueError):
+def test_an_answer_that_is_not_a_whole_protobuf_object_is_refused(
+    answer: bytes, problem: str
+) -> None:
+    with pytest.raises(ValueError, match=problem):
         protobuf.field(answer, 1, 1)
