@@ -17,6 +17,7 @@ from admitting import create
 from cluster import eventually, gpu_pod
 from kubernetes_asyncio import client
 
+from gpushare import kube
 from gpushare.model import contract
 from gpushare_harness import ControlPlane
 from gpushare_harness.controlplane import free_port
@@ -108,6 +109,42 @@ async def test_the_components_need_no_more_than_their_roles(
         # Every refusal the apiserver gives reads "... is forbidden: User ... cannot ...".
         log = process.log.read_text().lower()
         assert "forbidden" not in log, f"{process.name} was refused:\n{process.tail()}"
+
+
+async def test_the_operators_calls_share_kube_schedulers_priority_level(
+    plane: ControlPlane, core: client.CoreV1Api, tmp_path: Path
+) -> None:
+    applied = kubectl(plane, "apply", "-k", str(MANIFESTS))
+    assert applied.returncode == 0, applied.stderr
+    operator_config = plane.token_kubeconfig(
+        tmp_path / "operator.kubeconfig",
+        "gpushare-operator",
+        await token_for(core, "gpushare-operator", "gpushare-system"),
+    )
+    uids = {}
+    for kind, name in (
+        ("flowschema", "gpushare-operator"),
+        ("prioritylevelconfiguration", "workload-high"),
+    ):
+        got = kubectl(plane, "get", kind, name, "-o", "jsonpath={.metadata.uid}")
+        assert got.returncode == 0, got.stderr
+        uids[kind] = got.stdout
+    async with await kube.api_client(operator_config) as api:
+        # The apiserver names the FlowSchema and priority level that classified each call.
+        answer = await api.call_api(
+            "/api/v1/nodes",
+            "GET",
+            query_params=[("limit", "1")],
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+        )
+        async with answer:
+            assert answer.status == 200
+            assert answer.headers["X-Kubernetes-PF-FlowSchema-UID"] == uids["flowschema"]
+            assert (
+                answer.headers["X-Kubernetes-PF-PriorityLevel-UID"]
+                == uids["prioritylevelconfiguration"]
+            )
 
 
 BAD_CONFIGS = [  # (name, spec line, what the apiserver says)
