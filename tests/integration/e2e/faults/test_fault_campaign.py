@@ -229,7 +229,7 @@ async def test_a_burst_through_crashes_restarts_and_deletions_keeps_every_invari
             await kill_leader()
 
         await asyncio.gather(burst(), faults(), delete_while_binding())
-        await settle(core, operators, deadline_s=240)
+        await settle(core, operators, deadline_s=240, gone_nodes=gone_nodes)
         await check_invariants(core, api, nodes, operators, gone_nodes=gone_nodes, deleted=deleted)
     finally:
         for operator in operators:
@@ -248,15 +248,31 @@ def waiting_reason(pod: dict[str, Any]) -> str | None:
 
 
 async def settle(
-    core: client.CoreV1Api, operators: list[OperatorProcess], *, deadline_s: float
+    core: client.CoreV1Api,
+    operators: list[OperatorProcess],
+    *,
+    deadline_s: float,
+    gone_nodes: set[str],
 ) -> None:
-    """Until every pod is Running, refused by its kubelet, or Unschedulable with a reason."""
+    """Until every pod is Running, refused by its kubelet, or Unschedulable with a reason.
+    A bind in flight when its node was deleted lands on the gone node: such pods are deleted
+    as kube-controller-manager's pod GC deletes pods bound to nodes that no longer exist."""
     deadline = time.monotonic() + deadline_s
     unsettled: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
         pods = (await raw_json(core.list_namespaced_pod("default", _preload_content=False)))[
             "items"
         ]
+        for orphan in [p for p in pods if p["spec"].get("nodeName") in gone_nodes]:
+            await retrying(
+                lambda name=orphan["metadata"]["name"]: raw_json(  # type: ignore[misc]
+                    core.delete_namespaced_pod(
+                        name, "default", grace_period_seconds=0, _preload_content=False
+                    )
+                ),
+                missing_ok=True,
+            )
+        pods = [p for p in pods if p["spec"].get("nodeName") not in gone_nodes]
         unsettled = [
             p
             for p in pods
