@@ -593,6 +593,14 @@ async def stand_in(kubeconfig: Path) -> None:
         await act_as_device_plugins(api, every_bound_pod=True, in_flight=STAND_IN_IN_FLIGHT)
 
 
+def positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    number = int(text)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a whole number of at least 1")
+    return number
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -603,7 +611,7 @@ def main() -> int:
     parser.add_argument("--single", type=int, default=50, help="pods created one at a time")
     parser.add_argument(
         "--rounds",
-        type=int,
+        type=positive,
         default=5,
         help="kube-scheduler (raised) and the operator, this many times each, taking turns",
     )

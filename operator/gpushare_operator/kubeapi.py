@@ -20,7 +20,7 @@ from typing import Any, Protocol, cast
 
 from kubernetes_asyncio import client
 
-from gpushare.kube import ApiError, protobuf, raw_json, raw_protobuf, read_pod, send_protobuf
+from gpushare.kube import ApiError, post_protobuf, protobuf, raw_json, read_pod
 from gpushare.kube.clock import rfc3339
 from gpushare.kube.reflector import ListCall
 from gpushare.model import PodRef, contract
@@ -137,7 +137,7 @@ class KubeSchedulerApi:
             node=node,
         )
         path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding"
-        await raw_protobuf(send_protobuf(self._api, "POST", path, body, timeout_s=self._timeout))
+        await post_protobuf(self._api, path, body, timeout_s=self._timeout)
 
     async def read_pod(self, pod: PodRef) -> dict[str, Any] | None:
         return await read_pod(self._core, pod.name, pod.namespace, pod.uid, timeout_s=self._timeout)
@@ -187,10 +187,11 @@ class KubeSchedulerApi:
             at_s=int(time.time()),
         )
         path = f"/api/v1/namespaces/{pod.namespace}/events"
-        created = await raw_protobuf(
-            send_protobuf(self._api, "POST", path, body, timeout_s=self._timeout)
-        )
-        return protobuf.field(created, 1, 1)  # metadata.name
+        created = await post_protobuf(self._api, path, body, timeout_s=self._timeout)
+        try:
+            return protobuf.field(created, 1, 1)  # metadata.name
+        except ValueError:  # created, but its name unreadable: a later repeat posts anew
+            return ""
 
     async def repeat_event(self, namespace: str, name: str, *, message: str, count: int) -> None:
         change = {"message": message, "count": count, "lastTimestamp": rfc3339()}

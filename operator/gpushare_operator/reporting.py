@@ -135,7 +135,8 @@ class Reporter:
                 pod, event_type="Warning", reason=FAILED_SCHEDULING, message=message
             )
         )
-        self._failed[pod.uid] = _Posted(name=name, count=1, at=time.monotonic())
+        if name:  # else its next reason posts a new one
+            self._failed[pod.uid] = _Posted(name=name, count=1, at=time.monotonic())
 
     def bound(self, pod: PodRef, node: str, placement: Placement | None) -> None:
         self._last.pop(pod.uid, None)

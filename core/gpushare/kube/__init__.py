@@ -18,10 +18,9 @@ from gpushare.kube.client import (
     ApiError,
     ApiUnreachable,
     api_client,
+    post_protobuf,
     raw_json,
-    raw_protobuf,
     read_pod,
-    send_protobuf,
     transient,
 )
 
@@ -29,9 +28,8 @@ __all__ = [
     "ApiError",
     "ApiUnreachable",
     "api_client",
+    "post_protobuf",
     "raw_json",
-    "raw_protobuf",
     "read_pod",
-    "send_protobuf",
     "transient",
 ]

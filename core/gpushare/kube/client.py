@@ -52,27 +52,20 @@ async def raw_json(call: Awaitable[object]) -> dict[str, Any]:
     return decoded if isinstance(decoded, dict) else {}
 
 
-def send_protobuf(
-    api: client.ApiClient, method: str, path: str, body: bytes, *, timeout_s: float
-) -> Awaitable[object]:
-    """A call with a protobuf `body` (gpushare.kube.protobuf) to `path`, answered in protobuf
-    too; for `raw_protobuf`. The path is sent as it is: the names in it are DNS labels."""
-    return cast(
-        Awaitable[object],
-        api.call_api(
-            path,
-            method,
-            header_params={"Content-Type": protobuf.MEDIA_TYPE, "Accept": protobuf.MEDIA_TYPE},
-            body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=timeout_s,
-        ),
+async def post_protobuf(
+    api: client.ApiClient, path: str, body: bytes, *, timeout_s: float
+) -> bytes:
+    """POST a protobuf `body` (gpushare.kube.protobuf) to `path`; the answer's protobuf body.
+    Errors as `raw_json` raises them. The path is sent as it is: its names are DNS labels."""
+    call = api.call_api(
+        path,
+        "POST",
+        header_params={"Content-Type": protobuf.MEDIA_TYPE, "Accept": protobuf.MEDIA_TYPE},
+        body=body,
+        auth_settings=["BearerToken"],
+        _preload_content=False,
+        _request_timeout=timeout_s,
     )
-
-
-async def raw_protobuf(call: Awaitable[object]) -> bytes:
-    """The protobuf body of a `send_protobuf` call; errors as `raw_json` raises them."""
     return await _answer(call)
 
 
