@@ -40,6 +40,7 @@ from gpushare_harness import ControlPlane, FakeGpuNode, create_gpu_node
 from gpushare_harness.burst import BurstWatch, inventories, live_packing, model_packing
 from gpushare_harness.crds import install_crds
 from gpushare_harness.devicenode import DeviceNode, start_device_node
+from gpushare_harness.identities import install_roles
 from gpushare_harness.kubelet import KubeletHarness
 from gpushare_harness.operator import OperatorProcess
 from gpushare_harness.standin import act_as_device_plugins
@@ -147,6 +148,7 @@ async def demo_nodes(workdir: Path) -> dict[str, Any]:
         async with await kube.api_client(plane.kubeconfig) as api:
             core = client.CoreV1Api(api)
             await install_crds(api)
+            await install_roles(plane.binaries.kubectl, plane.kubeconfig)
             for name, cards in DEMO_NODES:
                 nodes.append(await start_device_node(core, plane.kubeconfig, name, cards, workdir))
             kubelets = [node.kubelet for node in nodes]

@@ -6,13 +6,15 @@ import asyncio
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
+import pytest
 from kubernetes_asyncio import client
 
 from gpushare.kube import raw_json
 from gpushare.model import contract, pod_ref
+from gpushare_harness.process import LoggedProcess
 from gpushare_operator.kubeapi import KubeSchedulerApi
 
 T = TypeVar("T")
@@ -187,3 +189,11 @@ def dev(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
         timeout=timeout_s,
         check=False,
     )
+
+
+def refused_rights(processes: Sequence[LoggedProcess]) -> None:
+    """Fail the test when the apiserver refused a component a right (every refusal reads
+    "... is forbidden: ..."): its own identity lacks what it needs."""
+    for process in processes:
+        if process.log.exists() and "is forbidden" in process.log.read_text(errors="replace"):
+            pytest.fail(f"{process.name} was refused a right it uses:\n{process.tail()}")

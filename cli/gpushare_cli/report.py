@@ -361,4 +361,6 @@ def _verdicts(cache: SchedulerCache, pod: PodInfo) -> tuple[NodeVerdict, ...]:
     if not isinstance(pod.demand, Demand) or pod.demand.request.kind is None:
         return ()
     request, needs = pod.demand.request, pod.demand.needs
-    return diagnose(cache.ledger, request, cache.node_check(needs), cache.card_check(request)).nodes
+    return diagnose(
+        cache.ledger, request, cache.node_check(needs), cache.card_check(request, pod.ref.namespace)
+    ).nodes

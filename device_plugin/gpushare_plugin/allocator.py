@@ -22,6 +22,7 @@ from gpushare.kube.retry import Backoff
 from gpushare.model import contract
 from gpushare.model.allocation import (
     ContainerGrant,
+    DeviceListStrategy,
     NoCandidate,
     VisibleDevices,
     bound_pod,
@@ -60,6 +61,7 @@ class Allocator:
         api: PluginApi,
         metrics: PluginMetrics,
         visible: VisibleDevices,
+        strategy: DeviceListStrategy,
         wait_s: float,
         schedulers: frozenset[str],
     ) -> None:
@@ -68,6 +70,7 @@ class Allocator:
         self._api = api
         self._metrics = metrics
         self._visible = visible
+        self._strategy = strategy
         self._wait_s = wait_s
         self._schedulers = schedulers
         self._lock = asyncio.Lock()  # one decision at a time: `served` is read, then written
@@ -87,6 +90,7 @@ class Allocator:
                 inventory=inventory,
                 visible=self._visible,
                 schedulers=self._schedulers,
+                strategy=self._strategy,
             )
             served[grant.pod.uid] = grant.position + 1
             grants.append(grant)
@@ -111,7 +115,7 @@ class Allocator:
                     raise
                 await self._pods.wait_change(left)
 
-    async def allocate(self, kind: GpuKind, counts: Sequence[int]) -> list[dict[str, str]]:
+    async def allocate(self, kind: GpuKind, counts: Sequence[int]) -> list[ContainerGrant]:
         started = time.perf_counter()
         result = "error"
         try:
@@ -122,6 +126,8 @@ class Allocator:
                         await self._mark_assigned(grant)
                     self._pods.served[grant.pod.uid] = grant.position + 1
             for grant in grants:
+                if grant.problem:
+                    self._log.warning("annotation_not_followed", problem=grant.problem)
                 self._log.info(
                     "container allocated",
                     pod=str(grant.pod),
@@ -131,11 +137,15 @@ class Allocator:
                     assigned=grant.last,
                 )
             result = "ok"
-            return [grant.env for grant in grants]
+            return grants
         except NoCandidate as refusal:
             result = "no_candidate"
             self._log.warning(
-                "allocate refused", resource=kind.value, counts=list(counts), reason=str(refusal)
+                "allocate refused",
+                resource=kind.value,
+                counts=list(counts),
+                reason=str(refusal),
+                pods=list(refusal.pods),
             )
             raise
         finally:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gpushare import options
 from gpushare.model import contract
-from gpushare.model.allocation import VisibleDevices
+from gpushare.model.allocation import DeviceListStrategy, VisibleDevices
 from gpushare.options import Option
 from gpushare_plugin.health import HealthPolicy
 
@@ -35,6 +35,7 @@ class PluginConfig:
     gpu_memory_factor: int | None
     """MiB per gpu-memory device; None for `auto` (the smallest that fits the kubelet)."""
     visible_devices: VisibleDevices
+    device_list_strategy: DeviceListStrategy
     fake_gpus: str | None
     metrics_port: int
     health: HealthPolicy
@@ -127,6 +128,15 @@ OPTIONS = (
         default=VisibleDevices.INDEX.value,
         parse=options.one_of(VisibleDevices),
         help=f"how NVIDIA_VISIBLE_DEVICES names the cards: {' or '.join(VisibleDevices)}",
+    ),
+    Option(
+        field="device_list_strategy",
+        env="DEVICE_LIST_STRATEGY",
+        flag="--device-list-strategy",
+        default=DeviceListStrategy.ENVVAR.value,
+        parse=options.one_of(DeviceListStrategy),
+        help="how the container runtime is told the cards, as NVIDIA's plugin names it: "
+        f"{' or '.join(DeviceListStrategy)} (docs/reference.md)",
     ),
     Option(
         field="fake_gpus",

@@ -103,6 +103,7 @@ async def run(config: PluginConfig, stop: asyncio.Event) -> int:
                 api=api,
                 metrics=metrics,
                 visible=config.visible_devices,
+                strategy=config.device_list_strategy,
                 wait_s=config.allocate_wait_s,
                 schedulers=config.scheduler_names,
             )

@@ -104,12 +104,25 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     ) -> api_pb2.AllocateResponse:
         counts = [len(r.devices_ids) for r in request.container_requests]
         try:
-            envs = await self._allocator.allocate(self.kind, counts)
+            grants = await self._allocator.allocate(self.kind, counts)
         except (NoCandidate, TimeoutError) as refusal:
             message = str(refusal) or "the pod watch has not synced yet; the kubelet will retry"
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, message)
         return api_pb2.AllocateResponse(
-            container_responses=[api_pb2.ContainerAllocateResponse(envs=env) for env in envs]
+            container_responses=[
+                api_pb2.ContainerAllocateResponse(
+                    envs=grant.env,
+                    mounts=[
+                        api_pb2.Mount(
+                            container_path=m.container_path,
+                            host_path=m.host_path,
+                            read_only=m.read_only,
+                        )
+                        for m in grant.mounts
+                    ],
+                )
+                for grant in grants
+            ]
         )
 
     async def PreStartContainer(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from kubernetes_asyncio import client
 
+from gpushare_harness import identities
 from gpushare_harness.kubelet import KubeletHarness
 from gpushare_harness.nodes import FakeGpuNode, create_gpu_node
 from gpushare_harness.plugin import PluginProcess
@@ -44,8 +45,14 @@ async def start_device_node(
 ) -> DeviceNode:
     """Node `name` with fake `cards` (e.g. "8x11178"); waits until the plugin has registered
     both resources (unless told not to). Logs go to `logs`/<name>-kubelet.log and -plugin.log.
-    `plugin_kubeconfig`: the plugin's own (default `kubeconfig`, the admin's)."""
+    `plugin_kubeconfig`: the plugin's (default a token of its ServiceAccount bound to the
+    node, as its DaemonSet pod's token is: the roles of manifests/base/rbac must be applied,
+    `identities.install_roles`)."""
     await create_gpu_node(core, FakeGpuNode(name=name, gpu_memory=0, gpu_number=0))
+    if plugin_kubeconfig is None:
+        plugin_kubeconfig = await identities.plugin_kubeconfig(
+            core, kubeconfig, name, logs / f"{name}-plugin.kubeconfig"
+        )
     # Short: a unix socket path has at most 107 bytes, and pytest's tmp_path is long.
     folder = Path(tempfile.mkdtemp(prefix=f"dp-{name[:20]}-"))
     kubelet = KubeletHarness(
@@ -53,7 +60,7 @@ async def start_device_node(
     )
     plugin = PluginProcess(
         node=name,
-        kubeconfig=plugin_kubeconfig or kubeconfig,
+        kubeconfig=plugin_kubeconfig,
         socket_dir=folder,
         fake_gpus=cards,
         log=logs / f"{name}-plugin.log",

@@ -269,13 +269,19 @@ class RealNode:
             return found
 
     def device_plugin(
-        self, cards: str, log: Path, *, env: dict[str, str] | None = None
+        self,
+        cards: str,
+        log: Path,
+        *,
+        env: dict[str, str] | None = None,
+        kubeconfig: Path | None = None,
     ) -> PluginProcess:
         """The gpushare device plugin for this node on fake `cards` (not started): it runs on
-        the host and dials the node's kubelet.sock through the node's folder."""
+        the host and dials the node's kubelet.sock through the node's folder. `kubeconfig`:
+        its own (`identities.plugin_kubeconfig`); default the admin's."""
         return PluginProcess(
             node=self.name,
-            kubeconfig=self.plane.kubeconfig,
+            kubeconfig=kubeconfig or self.plane.kubeconfig,
             socket_dir=self.plugin_dir,
             fake_gpus=cards,
             log=log,

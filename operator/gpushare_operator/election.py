@@ -26,7 +26,7 @@ from typing import Any
 
 from gpushare import logs
 from gpushare.kube import ApiError
-from gpushare.kube.clock import micro_time, parse_time
+from gpushare.kube.clock import micro_time
 from gpushare.model import contract
 from gpushare_operator.config import OperatorConfig, live_view
 from gpushare_operator.kubeapi import SchedulerApi
@@ -41,16 +41,25 @@ class LeaseElector:
         on_started_leading: Callable[[], None],
         on_stopped_leading: Callable[[], None],
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`clock`: the wall clock, for the times written on the Lease. `monotonic`: this
+        replica's own elapsed time, which alone decides whether a Lease has expired (as
+        client-go's elector does): another replica's clock may run ahead or behind."""
         self._api = api
         self._config = config
         self._started = on_started_leading
         self._stopped = on_stopped_leading
         self._clock = clock
+        self._monotonic = monotonic
         self.leading = False
         self.last_contact: float | None = None
         """When the API last answered a Lease call (for the liveness probe)."""
         self._renewed_at = 0.0
+        self._observed: tuple[object, ...] | None = None
+        """The Lease's holder record as last read, and (`_observed_at`) when, by
+        `monotonic`, it last changed."""
+        self._observed_at = 0.0
         start = config()
         self._log = logs.get(
             "election",
@@ -66,7 +75,7 @@ class LeaseElector:
     async def step(self) -> None:
         """One acquire-or-renew round, and the transitions it causes."""
         held = await self._acquire_or_renew()
-        now = self._clock()
+        now = self._monotonic()
         if held:
             self._renewed_at = now
             if not self.leading:
@@ -136,9 +145,8 @@ class LeaseElector:
                 return True
             spec = lease.setdefault("spec", {})
             holder = spec.get("holderIdentity")
-            renewed = parse_time(spec.get("renewTime")) or 0.0
             held_for = spec.get("leaseDurationSeconds") or duration
-            if holder and holder != config.identity and renewed + float(held_for) > now:
+            if holder and holder != config.identity and not self._expired(lease, float(held_for)):
                 return False  # someone else holds a live Lease
             if holder != config.identity:
                 spec["acquireTime"] = stamp
@@ -165,6 +173,19 @@ class LeaseElector:
         except (OSError, TimeoutError) as error:
             self._log.warning("lease_write_failed", error=repr(error))
             return False
+
+    def _expired(self, lease: dict[str, Any], duration_s: float) -> bool:
+        """Whether another holder's Lease has gone unwritten for `duration_s` of this
+        replica's own time: what the holder wrote is compared with nothing but its previous
+        state (every write changes the resourceVersion), so clocks that disagree never hand
+        over a live Lease."""
+        spec = lease.get("spec") or {}
+        version = (lease.get("metadata") or {}).get("resourceVersion")
+        record = (version, spec.get("holderIdentity"), spec.get("renewTime"))
+        now = self._monotonic()
+        if record != self._observed:
+            self._observed, self._observed_at = record, now
+        return now - self._observed_at > duration_s
 
 
 def _published(config: OperatorConfig) -> dict[str, str]:

@@ -24,8 +24,9 @@ from enum import StrEnum
 from typing import Any
 
 from gpushare.model import contract
-from gpushare.model.bodies import Body, annotations_of, describe, path, text
+from gpushare.model.bodies import Body, annotations_of, describe, mapping, path, sequence, text
 from gpushare.model.errors import InvalidAnnotation, InvalidRequest
+from gpushare.model.quantity import parse_quantity
 from gpushare.model.request import GpuKind, gpu_request
 
 KUBE_SCHEDULER_NAME = "default-scheduler"
@@ -139,6 +140,7 @@ def admit(pod: Body, settings: AdmissionSettings) -> Admitted:
     fix for a GPU pod that could never run (bad quantities, requests without limits, both
     resources, a scheduler name nobody serves). A pod asking for no GPU is left alone."""
     request = gpu_request(pod)
+    _refuse_unequal_or_zero(pod)
     if request.kind is None:
         return NOTHING
     who = describe(pod, "pod")
@@ -160,6 +162,39 @@ def admit(pod: Body, settings: AdmissionSettings) -> Admitted:
         asked = MemoryAsked(unit_mib=unit, mib=limits)
         units = {name: units_for(mib, unit) for name, mib in limits.items()}
     return Admitted(units=units, annotations=asked.annotations(), scheduler_name=scheduler_name)
+
+
+def _refuse_unequal_or_zero(pod: Body) -> None:
+    """InvalidRequest for a GPU limit of 0 (it asks for nothing, and unconverted it would
+    pass for a pod the webhook never saw) and for a request that differs from its limit
+    (the apiserver refuses that for any extended resource; converting the limit would hide
+    it by overwriting the request)."""
+    who = describe(pod, "pod")
+    spec = path(pod, "spec")
+    for field, kind_of in (("containers", "container"), ("initContainers", "init container")):
+        for container in sequence(spec.get(field)):
+            name = text(mapping(container).get("name")) or "<unnamed>"
+            owner = f"{who} {kind_of} {name}"
+            resources = mapping(mapping(container).get("resources"))
+            limits, requests = mapping(resources.get("limits")), mapping(resources.get("requests"))
+            for kind in GpuKind:
+                if kind.value not in limits:
+                    continue
+                limit = parse_quantity(limits[kind.value], resource=kind.value, owner=owner)
+                if limit == 0:
+                    raise InvalidRequest(
+                        f"{owner} sets {kind.value}: 0, which asks for no GPU; remove the "
+                        f"limit from a container that needs none"
+                    )
+                if kind.value in requests:
+                    asked = parse_quantity(requests[kind.value], resource=kind.value, owner=owner)
+                    if asked != limit:
+                        raise InvalidRequest(
+                            f"{owner} requests {kind.value} {requests[kind.value]} but its "
+                            f"limit is {limits[kind.value]}; a GPU resource cannot be "
+                            f"overcommitted, so its request must equal its limit: set only "
+                            f"the limit (the request follows it)"
+                        )
 
 
 def _agrees(recorded: MemoryAsked, limits: Mapping[str, int]) -> bool:

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from gpushare.model import contract
-from gpushare.model.admission import MemoryAsked, memory_asked
+from gpushare.model.admission import MemoryAsked, memory_asked, units_for
 from gpushare.model.annotations import (
-    format_card_indices,
     gpu_assigned,
     parse_card_indices,
     predicate_time_ns,
@@ -41,7 +40,15 @@ from gpushare.model.usage import (
 
 
 class NoCandidate(GpuShareError):
-    """No pod on the node can be served by this Allocate; the message says why and what to do."""
+    """No pod on the node can be served by this Allocate; the message says why and what to do.
+
+    The message reaches the pod the kubelet was starting, which the call never names: it may
+    be of any namespace, so the message names no other pod. `pods` names them, for the
+    plugin's log."""
+
+    def __init__(self, message: str, *, pods: Sequence[BoundPod] = ()) -> None:
+        super().__init__(message)
+        self.pods = tuple(str(p.ref) for p in pods)
 
 
 class VisibleDevices(StrEnum):
@@ -49,6 +56,33 @@ class VisibleDevices(StrEnum):
 
     INDEX = "index"
     UUID = "uuid"
+
+
+class DeviceListStrategy(StrEnum):
+    """How the container runtime is told the cards, as NVIDIA's device plugin names it.
+
+    `envvar`: NVIDIA_VISIBLE_DEVICES lists them. A container's own env would win over it,
+    which the gpushare-gpu-env policy refuses; a variable from the image or `envFrom` is
+    beyond that policy. `volume-mounts`: NVIDIA_VISIBLE_DEVICES points at
+    `VOLUME_MOUNTS_ROOT`, under which one empty mount per card names it; with the NVIDIA
+    container toolkit's accept-nvidia-visible-devices-as-volume-mounts = true and
+    accept-nvidia-visible-devices-envvar-when-unprivileged = false, the runtime reads only
+    the mounts, which a pod cannot set."""
+
+    ENVVAR = "envvar"
+    VOLUME_MOUNTS = "volume-mounts"
+
+
+VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """A host path the kubelet mounts into the container."""
+
+    container_path: str
+    host_path: str
+    read_only: bool = True
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -73,6 +107,12 @@ class BoundPod:
     problem: str | None = None
     asked: MemoryAsked | None = None
     """What the admission webhook recorded: the unit and each container's MiB."""
+    admitted: bool = False
+    """The kubelet has admitted it (its status lists containers, or it is past Pending): it
+    allocates every container's devices when it admits a pod, so an admitted pod is never a
+    pod no scheduler placed that the kubelet may be starting. It may still be a candidate:
+    the kubelet may have started it with the grant this plugin gave a pod of the same
+    request (same card, same env), which then stays to be served."""
 
     @property
     def waiting(self) -> bool:
@@ -97,11 +137,14 @@ def bound_pod(pod: Body) -> BoundPod:
         asked = memory_asked(annotations, owner=describe(pod, "pod"))
     except GpuShareError as error:
         request, problem = None, str(error)
+    status = path(pod, "status")
+    phase = text(status.get("phase"))
     return BoundPod(
         ref=pod_ref(pod),
         resource_version=text(meta.get("resourceVersion")) or "",
-        active=meta.get("deletionTimestamp") is None
-        and text(path(pod, "status").get("phase")) not in FINISHED_PHASES,
+        active=meta.get("deletionTimestamp") is None and phase not in FINISHED_PHASES,
+        admitted=phase not in (None, "Pending")
+        or bool(status.get("containerStatuses") or status.get("initContainerStatuses")),
         assigned=gpu_assigned(annotations),
         predicate_time=predicate_time_ns(annotations),
         request=request,
@@ -109,7 +152,7 @@ def bound_pod(pod: Body) -> BoundPod:
         scheduler=text(path(pod, "spec").get("schedulerName")) or "default-scheduler",
         bound=any(
             isinstance(c, dict) and c.get("type") == "PodScheduled" and c.get("status") == "True"
-            for c in path(pod, "status").get("conditions") or []
+            for c in status.get("conditions") or []
         ),
         problem=problem,
         asked=asked,
@@ -136,6 +179,9 @@ class ContainerGrant:
     """The pod's last GPU container: the pod is fully served after it."""
     cards: tuple[Card, ...]
     env: dict[str, str]
+    mounts: tuple[Mount, ...] = ()
+    problem: str | None = None
+    """What in the pod's annotations was not followed, to log."""
 
 
 def match_container(
@@ -147,6 +193,7 @@ def match_container(
     inventory: NodeInventory,
     visible: VisibleDevices = VisibleDevices.INDEX,
     schedulers: frozenset[str] = frozenset({contract.DEFAULT_SCHEDULER_NAME}),
+    strategy: DeviceListStrategy = DeviceListStrategy.ENVVAR,
 ) -> ContainerGrant:
     """The container this Allocate of `count` `kind` devices is for; NoCandidate if none.
 
@@ -156,7 +203,11 @@ def match_container(
     directly, was not written by ours, and never wins a card; while such a pod asks for the
     same count, nothing is handed out (`_refuse_if_ambiguous`).
     """
-    pods = list(pods)
+    # A pod this plugin has served every GPU container of is done, whatever its annotations
+    # say now: neither a candidate nor a reason to refuse others.
+    pods = [
+        p for p in pods if p.request is None or served.get(p.ref.uid, 0) < len(p.request.containers)
+    ]
     waiting = [
         p
         for p in pods
@@ -165,7 +216,6 @@ def match_container(
         and p.bound
         and p.request is not None
         and p.request.kind is kind
-        and served.get(p.ref.uid, 0) < len(p.request.containers)
     ]
     waiting.sort(
         key=lambda p: (
@@ -184,10 +234,14 @@ def match_container(
         if container.amount != count:
             continue
         if position == 0:  # a part-served pod is surely the one the kubelet is admitting
-            _refuse_if_ambiguous(pod, pods, kind=kind, count=count, schedulers=schedulers)
+            _refuse_if_ambiguous(
+                pod, pods, node=inventory.node, kind=kind, count=count, schedulers=schedulers
+            )
         cards = _cards_of(pod, kind, pod.request, inventory)
         chosen = _container_cards(order, position, cards) if kind is GpuKind.NUMBER else cards
-        allocated_mib = _allocated_mib(pod, container, inventory) if kind is GpuKind.MEMORY else 0
+        allocated_mib, problem = (
+            _allocated_mib(pod, container, inventory) if kind is GpuKind.MEMORY else (0, None)
+        )
         return ContainerGrant(
             pod=pod.ref,
             resource_version=pod.resource_version,
@@ -195,12 +249,12 @@ def match_container(
             position=position,
             last=position + 1 == len(order),
             cards=chosen,
-            env=container_env(kind, allocated_mib, chosen, visible),
+            env=container_env(kind, allocated_mib, chosen, visible, strategy),
+            mounts=device_mounts(chosen, visible, strategy),
+            problem=problem,
         )
-    raise NoCandidate(
-        _no_candidate_message(
-            pods, waiting, kind=kind, count=count, inventory=inventory, schedulers=schedulers
-        )
+    raise _no_candidate(
+        pods, waiting, kind=kind, count=count, inventory=inventory, schedulers=schedulers
     )
 
 
@@ -208,6 +262,7 @@ def _refuse_if_ambiguous(
     candidate: BoundPod,
     pods: Sequence[BoundPod],
     *,
+    node: str,
     kind: GpuKind,
     count: int,
     schedulers: frozenset[str],
@@ -217,15 +272,12 @@ def _refuse_if_ambiguous(
     `candidate`, and a guess would give one pod's card to the other."""
     unplaced = unplaced_pods(pods, kind=kind, schedulers=schedulers, count=count)
     if unplaced:
-        names = ", ".join(f"{p.ref} (schedulerName {p.scheduler!r})" for p in unplaced[:3])
         raise NoCandidate(
-            f"{names} asks for {count} {kind.value} like pod {candidate.ref}, which the gpushare "
-            f"scheduler placed, but without {contract.GPU_INDEX} from it: the kubelet may be "
-            f"starting either, so no card is given on a guess. Delete {unplaced[0].ref} and "
-            f"create it with spec.schedulerName set to one the operator serves (default "
-            f"{contract.DEFAULT_SCHEDULER_NAME!r}) and no spec.nodeName (if the kubelet was "
-            f"starting {candidate.ref}, that pod fails with this message and its controller "
-            f"creates it again)"
+            f"{len(unplaced)} pod(s) on node {node} asking for {count} "
+            f"{kind.value} were not placed by the gpushare scheduler (created with "
+            f"spec.nodeName, or naming another schedulerName), like one it placed there: the "
+            f"kubelet may be starting either, so no card is given on a guess. {_UNPLACED_FIX}",
+            pods=[*unplaced, candidate],
         )
 
 
@@ -248,12 +300,14 @@ def _cards_of(
     return tuple(card for index in indices if (card := inventory.card(index)) is not None)
 
 
-def _allocated_mib(pod: BoundPod, container: ContainerRequest, inventory: NodeInventory) -> int:
+def _allocated_mib(
+    pod: BoundPod, container: ContainerRequest, inventory: NodeInventory
+) -> tuple[int, str | None]:
     """The MiB a gpu-memory container asked: as recorded at admission, else (a pod created
     before the webhook) its limit in the node's unit. A pod converted to another unit than
     the node's is refused: the kubelet's devices would give it other memory than it asked."""
     if pod.asked is None:
-        return container.amount * inventory.unit_mib
+        return container.amount * inventory.unit_mib, None
     if pod.asked.unit_mib != inventory.unit_mib:
         raise NoCandidate(
             f"refusing pod {pod.ref}: its limits are in {pod.asked.unit_mib} MiB units, node "
@@ -265,7 +319,16 @@ def _allocated_mib(pod: BoundPod, container: ContainerRequest, inventory: NodeIn
             f"refusing pod {pod.ref}: annotation {contract.GPU_MEMORY_MIB} does not name "
             f"container {container.name}; delete the pod and create it again"
         )
-    return mib
+    if units_for(mib, inventory.unit_mib) != container.amount:
+        # Not what the webhook wrote for this limit (limits cannot change, annotations can):
+        # the limit is what the scheduler reserved, so that is what the container is told.
+        reserved = container.amount * inventory.unit_mib
+        return reserved, (
+            f"pod {pod.ref} container {container.name}: annotation {contract.GPU_MEMORY_MIB} "
+            f"says {mib} MiB but its limit reserves {container.amount} x "
+            f"{inventory.unit_mib} MiB; told {reserved} MiB, the reservation"
+        )
+    return mib, None
 
 
 def _container_cards(
@@ -290,28 +353,51 @@ def _container_cards(
     raise NoCandidate(f"container position {position} is past the pod's GPU containers")
 
 
+def card_names(cards: Sequence[Card], visible: VisibleDevices) -> list[str]:
+    """How the container runtime is told each card: its index or its UUID."""
+    if visible is VisibleDevices.UUID:
+        return [card.uuid or str(card.index) for card in cards]
+    return [str(card.index) for card in cards]
+
+
 def container_env(
     kind: GpuKind,
     allocated_mib: int,
     cards: Sequence[Card],
     visible: VisibleDevices = VisibleDevices.INDEX,
+    strategy: DeviceListStrategy = DeviceListStrategy.ENVVAR,
 ) -> dict[str, str]:
     """The three variables Volcano's guide documents, for this container and its cards.
 
     A gpu-memory container is allocated the MiB it asked (`allocated_mib`) on its one card; a
     gpu-number container is allocated its cards whole, so both variables carry their total MiB.
+    With `volume-mounts`, NVIDIA_VISIBLE_DEVICES names the folder of the mounts instead.
     """
-    if visible is VisibleDevices.UUID:
-        names = ",".join(card.uuid or str(card.index) for card in cards)
-    else:
-        names = format_card_indices(card.index for card in cards)
     total = sum(card.total_mib for card in cards)
     allocated = allocated_mib if kind is GpuKind.MEMORY else total
+    visible_devices = (
+        VOLUME_MOUNTS_ROOT
+        if strategy is DeviceListStrategy.VOLUME_MOUNTS
+        else ",".join(card_names(cards, visible))
+    )
     return {
-        contract.ENV_VISIBLE_DEVICES: names,
+        contract.ENV_VISIBLE_DEVICES: visible_devices,
         contract.ENV_GPU_ALLOCATED: str(allocated),
         contract.ENV_GPU_MEMORY_TOTAL: str(total),
     }
+
+
+def device_mounts(
+    cards: Sequence[Card], visible: VisibleDevices, strategy: DeviceListStrategy
+) -> tuple[Mount, ...]:
+    """`volume-mounts`: an empty file per card under `VOLUME_MOUNTS_ROOT`, its name the card's
+    (the NVIDIA container toolkit reads the names); none for `envvar`."""
+    if strategy is not DeviceListStrategy.VOLUME_MOUNTS:
+        return ()
+    return tuple(
+        Mount(container_path=f"{VOLUME_MOUNTS_ROOT}/{name}", host_path="/dev/null")
+        for name in card_names(cards, visible)
+    )
 
 
 def unplaced_pods(
@@ -325,6 +411,7 @@ def unplaced_pods(
         for p in pods
         if p.active
         and not p.assigned
+        and not p.admitted
         and (p.gpu_index is None or p.scheduler not in schedulers or not p.bound)
         and p.request is not None
         and p.request.kind is kind
@@ -332,7 +419,16 @@ def unplaced_pods(
     ]
 
 
-def _no_candidate_message(
+_UNPLACED_FIX = (
+    f"If the pod being started is one of them, delete it and create it with "
+    f"spec.schedulerName set to one the operator serves (default "
+    f"{contract.DEFAULT_SCHEDULER_NAME!r}) and no spec.nodeName; if it was placed by gpushare, "
+    f"it fails with this message and its controller creates it again. The device plugin's log "
+    f"names the pods"
+)
+
+
+def _no_candidate(
     pods: Sequence[BoundPod],
     waiting: Sequence[BoundPod],
     *,
@@ -340,25 +436,24 @@ def _no_candidate_message(
     count: int,
     inventory: NodeInventory,
     schedulers: frozenset[str],
-) -> str:
+) -> NoCandidate:
     head = f"no pod bound to node {inventory.node} waits for a container of {count} {kind.value}"
     unplaced = unplaced_pods(pods, kind=kind, schedulers=schedulers)
     if unplaced:
-        names = ", ".join(f"{p.ref} (schedulerName {p.scheduler!r})" for p in unplaced[:3])
-        return (
-            f"{head} placed by the gpushare scheduler: {names} asks for {kind.value} without "
-            f"{contract.GPU_INDEX} from the gpushare scheduler, so no card was chosen for it. "
-            f"Delete it and create it with spec.schedulerName set to one the operator serves "
-            f"(default {contract.DEFAULT_SCHEDULER_NAME!r}) and no spec.nodeName"
+        return NoCandidate(
+            f"{head} placed by the gpushare scheduler: {len(unplaced)} pod(s) there ask for "
+            f"{kind.value} without {contract.GPU_INDEX} from the gpushare scheduler, so no card "
+            f"was chosen for them. {_UNPLACED_FIX}",
+            pods=unplaced,
         )
     if waiting:
-        names = ", ".join(str(p.ref) for p in waiting[:3])
-        return (
-            f"{head}; the pods waiting for {kind.value} here ({names}) ask for other amounts. "
-            f"The pod being started was not placed by the gpushare scheduler or has finished "
-            f"its GPU containers: check its spec.schedulerName and {contract.GPU_INDEX}"
+        return NoCandidate(
+            f"{head}; the {len(waiting)} pod(s) waiting for {kind.value} here ask for other "
+            f"amounts. The pod being started was not placed by the gpushare scheduler or has "
+            f"finished its GPU containers: check its spec.schedulerName and {contract.GPU_INDEX}",
+            pods=waiting,
         )
-    return (
+    return NoCandidate(
         f"{head}. A pod that uses {kind.value} must be placed by the gpushare scheduler (its "
         f"spec.schedulerName must be one the operator serves, default "
         f"{contract.DEFAULT_SCHEDULER_NAME!r}), which writes {contract.GPU_INDEX}"

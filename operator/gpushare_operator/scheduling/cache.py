@@ -21,6 +21,7 @@ it are decided as if it were placed, as the model places pods one by one in crea
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from gpushare.model import (
+    CardIndex,
     GpuShareError,
     Ledger,
     NodeCheck,
@@ -40,8 +42,9 @@ from gpushare.model import (
     claim_of,
     node_inventory,
 )
+from gpushare.model.annotations import format_card_indices
 from gpushare.model.bodies import Body, path, text
-from gpushare.model.contract import GPU_MEMORY
+from gpushare.model.contract import GPU_INDEX, GPU_MEMORY
 from gpushare.model.filters import NodeFacts, PodNeeds, node_facts, node_reason
 from gpushare.model.request import Signature
 from gpushare.model.resources import PODS, add_into, pod_requests
@@ -78,6 +81,12 @@ class _Holder:
     fingerprint: int | None
     """Observed pods: what the scheduler read of them, to skip events that change nothing
     it reads (status updates, the device plugin's gpu-assigned). None for assumed pods."""
+    cards: tuple[CardIndex, ...] | None = None
+    """The card(s) the pod holds by the cache's own record: those it was bound to here, or
+    those its `gpu-index` named when the cache first saw it bound (after a restart the
+    annotation is the only record). A later `gpu-index` that disagrees is not followed."""
+    assigned: bool = False
+    """The device plugin has served it: once seen, never undone by a later annotation."""
     pending: PodInfo | None = None
     """Assumed pods: the pending pod to restore if the bind fails."""
     pin: Pin | None = None
@@ -193,6 +202,7 @@ class SchedulerCache:
         self._pending.pop(uid, None)
         previous = self._holders.get(uid)
         if previous is not None and previous.fingerprint == pod.fingerprint:
+            previous.assigned = previous.assigned or pod.assigned
             if pod.assigned and previous.pin is not None:  # the device plugin served it
                 signature = previous.pin.signature
                 self._pins.assigned(previous.pin, self._clock())
@@ -208,20 +218,29 @@ class SchedulerCache:
             problems.append(f"{error}; only its pod slot is counted")
             requests = {PODS: 1}
         claim = claim_of(pod.body)
-        if claim.problem:
+        allocation = claim.allocation
+        recorded = previous.cards if previous is not None else None
+        if allocation is not None and recorded is not None and allocation.cards != recorded:
+            problems.append(
+                f"pod {pod.ref}: {GPU_INDEX} reads {format_card_indices(allocation.cards)!r} "
+                f"but gpushare placed it on card {format_card_indices(recorded)}; someone other "
+                f"than gpushare changed the annotation, which moves nothing: card "
+                f"{format_card_indices(recorded)} stays counted"
+            )
+            allocation = dataclasses.replace(allocation, cards=recorded)
+        elif claim.problem:
             problems.append(claim.problem)
-        holder = _Holder(pod.ref, pod.node, requests, pod.fingerprint)
-        if claim.allocation is not None:
-            self.ledger.add(claim.allocation)
-            if (
-                claim.allocation.cards
-                and claim.request
-                and not pod.assigned
-                and not pod.terminating
-            ):
-                since = pod.predicate_time_s or self._clock()
+        assigned = pod.assigned or (previous is not None and previous.assigned)
+        holder = _Holder(pod.ref, pod.node, requests, pod.fingerprint, assigned=assigned)
+        if allocation is not None:
+            self.ledger.add(allocation)
+            holder.cards = allocation.cards
+            if allocation.cards and claim.request and not assigned and not pod.terminating:
+                # The wait counts from what this cache saw (its bind, or the first sight of
+                # the bound pod), never from a predicate-time anyone could have written.
+                since = waited.since if waited is not None else self._clock()
                 holder.pin = Pin(
-                    pod.ref, pod.node, claim.request.signature, claim.allocation.cards, since
+                    pod.ref, pod.node, claim.request.signature, allocation.cards, since
                 )
         self._hold(holder)
         if waited is not None and holder.pin is None:
@@ -293,6 +312,7 @@ class SchedulerCache:
         holder = _Holder(pod.ref, plan.node, dict(plan.needs.requests), None, pending=pod)
         if plan.placement is not None:
             self.ledger.add(plan.placement.allocation(pod.ref))
+            holder.cards = plan.placement.cards
             holder.pin = Pin(
                 pod.ref, plan.node, plan.request.signature, plan.placement.cards, self._clock()
             )
@@ -331,10 +351,10 @@ class SchedulerCache:
 
         return check
 
-    def card_check(self, request: PodRequest) -> ExactnessCheck:
-        """The exactness rule for a pod with `request`, at this moment."""
+    def card_check(self, request: PodRequest, namespace: str) -> ExactnessCheck:
+        """The exactness rule for a pod of `namespace` with `request`, at this moment."""
         timeout_s = self._config().assignment_timeout_s
-        return self._pins.check(request, now=self._clock(), timeout_s=timeout_s)
+        return self._pins.check(request, namespace, now=self._clock(), timeout_s=timeout_s)
 
     def requested(self, node: NodeName) -> Mapping[str, int]:
         return self._requested.get(node, {})

@@ -79,16 +79,20 @@ def plan(
         if isinstance(chosen, Diagnosis):
             return Refusal(chosen.summary())
         return Plan(node=chosen, placement=None, request=request, needs=needs)
-    return _place(cache, pod.demand, policy, waited_for)
+    return _place(cache, pod.demand, pod.ref.namespace, policy, waited_for)
 
 
 def _place(
-    cache: SchedulerCache, demand: Demand, policy: Policy, waited_for: Placement | None
+    cache: SchedulerCache,
+    demand: Demand,
+    namespace: str,
+    policy: Policy,
+    waited_for: Placement | None,
 ) -> Plan | Refusal:
     """The best card(s) for a GPU pod; while the exactness rule holds them, a quiet wait
     (`QUIET_WAIT_S`), then the next best."""
     request, needs = demand.request, demand.needs
-    exactness = cache.card_check(request)
+    exactness = cache.card_check(request, namespace)
     node_check = unit_check(cache.ledger, demand.unit_mib, cache.node_check(needs))
     best = None
     if waited_for is not None:

@@ -26,7 +26,8 @@ class Pin:
     signature: Signature
     cards: tuple[CardIndex, ...]
     since: float
-    """When its wait began (its predicate-time): the wait ends `assignment_timeout_s` later."""
+    """When its wait began, by the operator's own clock (its bind, or the first time the cache
+    saw it bound): the wait ends `assignment_timeout_s` later."""
 
 
 class Pins:
@@ -58,11 +59,14 @@ class Pins:
     def forget_node(self, node: NodeName) -> None:
         self._progress.pop(node, None)
 
-    def check(self, request: PodRequest, *, now: float, timeout_s: float) -> ExactnessCheck:
-        """The rule for a pod with `request`, at `now`."""
+    def check(
+        self, request: PodRequest, namespace: str, *, now: float, timeout_s: float
+    ) -> ExactnessCheck:
+        """The rule for a pod of `namespace` with `request`, at `now`."""
         return ExactnessCheck(
             self._pins.get(request.signature, {}),
             request.kind,
+            namespace,
             progress=self._progress,
             now=now,
             timeout_s=timeout_s,
@@ -78,6 +82,7 @@ class ExactnessCheck:
         self,
         pins: Mapping[NodeName, Mapping[PodUid, Pin]],
         gpu_kind: GpuKind | None,
+        namespace: str,
         *,
         progress: Mapping[NodeName, float],
         now: float,
@@ -85,6 +90,7 @@ class ExactnessCheck:
     ) -> None:
         self._pins = pins
         self._gpu_kind = gpu_kind
+        self._namespace = namespace
         self._progress = progress
         self._now = now
         self._timeout_s = timeout_s
@@ -131,8 +137,13 @@ class ExactnessCheck:
         if waiting is None:
             return None
         shown = ",".join(map(str, waiting.cards))
+        # The reason reaches the waiting pod's Events: a pod of another namespace is not named.
+        who = (
+            f"pod {waiting.ref}"
+            if waiting.ref.namespace == self._namespace
+            else "a pod of another namespace"
+        )
         reason = (
-            f"held back until pod {waiting.ref} (same request, card {shown}) is assigned "
-            f"by the device plugin"
+            f"held back until {who} (same request, card {shown}) is assigned by the device plugin"
         )
         return (allowed or frozenset(), reason)

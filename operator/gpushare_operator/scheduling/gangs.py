@@ -38,6 +38,11 @@ from gpushare_operator.scheduling.cache import SchedulerCache
 from gpushare_operator.scheduling.decision import Plan, Refusal, plan
 from gpushare_operator.scheduling.podinfo import PodInfo
 
+HIGHEST_USER_PRIORITY = 1_000_000_000
+"""The highest value a PriorityClass other than the system ones may have (Kubernetes'
+HighestUserDefinablePriority)."""
+SYSTEM_NAMESPACE = "kube-system"
+
 
 class GangBook:
     """The PodGroups as last seen, their members' latest states, and each gang's verdict
@@ -109,11 +114,18 @@ class GangBook:
 
     def priority_of(self, pod: PodInfo) -> int:
         """The pod's place in the queue: its own priority, or its gang's (the PodGroup's
-        `priorityClassName`) when that is higher, so that gangs go by their priority."""
+        `priorityClassName`) when that is higher, so that gangs go by their priority.
+
+        A PodGroup passes through no priority admission, as pods do: a system class
+        (above `HIGHEST_USER_PRIORITY`, such as system-cluster-critical) counts only for a
+        PodGroup of kube-system, where Kubernetes itself confines those classes."""
         spec = self._specs.get(pod.group) if pod.group is not None else None
         if not isinstance(spec, GroupSpec) or spec.priority_class is None:
             return pod.priority
-        return max(pod.priority, self._priority_classes.get(spec.priority_class, pod.priority))
+        value = self._priority_classes.get(spec.priority_class, pod.priority)
+        if value > HIGHEST_USER_PRIORITY and spec.key.namespace != SYSTEM_NAMESPACE:
+            return pod.priority
+        return max(pod.priority, value)
 
     def members(self, key: GroupKey) -> list[PodInfo]:
         return list(self._members.get(key, {}).values())

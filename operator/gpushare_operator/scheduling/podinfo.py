@@ -24,7 +24,7 @@ from gpushare.model import (
     gpu_request,
 )
 from gpushare.model.admission import memory_asked
-from gpushare.model.annotations import gpu_assigned, predicate_time_s
+from gpushare.model.annotations import gpu_assigned
 from gpushare.model.bodies import Body, annotations_of, resource_version, text
 from gpushare.model.filters import PodNeeds, pod_needs, unsupported
 from gpushare.model.gangs import GroupKey, group_of
@@ -72,10 +72,6 @@ class PodInfo:
     @property
     def uid(self) -> PodUid:
         return self.ref.uid
-
-    @cached_property
-    def predicate_time_s(self) -> float | None:
-        return predicate_time_s(annotations_of(self.body))
 
     @cached_property
     def created_s(self) -> float | None:

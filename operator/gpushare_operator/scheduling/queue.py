@@ -101,12 +101,17 @@ class SchedulingQueue:
         """Unschedulable now: wait for a helpful change, or the retry interval (or
         `retry_in_s`, when something is known to change by then). `wake_key` lets a change
         that can only help some pods wake just those (`wake(key)`)."""
+        now = self._clock()
         self._in_active.pop(uid, None)
         self._wake_keys[uid] = wake_key
         self._attempts[uid] = self._attempts.get(uid, 0) + 1
+        # A try for this pod although another was popped (a gang decides for all its
+        # members): its backoff counts from now too, so a stream of wakes cannot make the
+        # gang be decided again at each one.
+        self._tried_at[uid] = now
         most = self._config().unschedulable_retry_s
         wait = most if retry_in_s is None else min(retry_in_s, most)
-        self._parked[uid] = self._clock() + wait
+        self._parked[uid] = now + wait
         self._changed.set()
 
     def wake(self, key: Hashable = None) -> None:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpushare.model.bodies import Body, path, sequence
+from gpushare.model import contract
+from gpushare.model.bodies import Body, annotations_of, path, sequence
 
 _POD_METADATA = (
     "name",
     "namespace",
     "uid",
-    "annotations",
     "deletionTimestamp",
     "creationTimestamp",
     "resourceVersion",
@@ -30,6 +30,17 @@ _POD_SPEC = (
     "priority",
     "schedulingGates",
 )
+_POD_ANNOTATIONS = frozenset(
+    {
+        contract.GPU_INDEX,
+        contract.PREDICATE_TIME,
+        contract.GPU_ASSIGNED,
+        contract.MEMORY_UNIT_MIB,
+        contract.GPU_MEMORY_MIB,
+    }
+)
+"""The annotations the scheduler reads of a pod; any others (a pod may carry 256 KiB of
+them) are not kept: one copy per pod of the cluster lives in the cache."""
 _CONTAINER = ("name", "resources", "restartPolicy")
 _NODE_METADATA = ("name", "uid", "labels", "annotations", "resourceVersion")
 
@@ -45,8 +56,12 @@ def slim_pod(body: Body) -> dict[str, Any]:
     for key in ("containers", "initContainers"):
         if isinstance(spec.get(key), list):
             slim_spec[key] = [_pick(c, _CONTAINER) for c in spec[key] if isinstance(c, dict)]
+    metadata = _pick(path(body, "metadata"), _POD_METADATA)
+    annotations = {k: v for k, v in annotations_of(body).items() if k in _POD_ANNOTATIONS}
+    if annotations:
+        metadata["annotations"] = annotations
     return {
-        "metadata": _pick(path(body, "metadata"), _POD_METADATA),
+        "metadata": metadata,
         "spec": slim_spec,
         "status": {
             "phase": path(body, "status").get("phase"),

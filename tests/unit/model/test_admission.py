@@ -190,3 +190,35 @@ def test_the_plugin_tells_a_container_the_mib_it_asked() -> None:
     other = inventory_at("n", 1)
     with pytest.raises(NoCandidate, match="node n runs 1 MiB per device"):
         match_container([bound_pod(pod)], {}, kind=GpuKind.MEMORY, count=2, inventory=other)
+
+
+def test_an_annotation_edited_past_its_limit_tells_the_container_only_its_reservation() -> None:
+    pod = admitted(gpu_pod("p", 1024))
+    pod["spec"]["nodeName"] = "n"
+    pod["metadata"]["annotations"][contract.GPU_INDEX] = "0"
+    pod["metadata"]["annotations"][contract.GPU_MEMORY_MIB] = (
+        "cuda-container=11178"  # a tenant's edit
+    )
+    pod["status"] = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}
+    node = inventory_at("n", 512)
+    grant = match_container([bound_pod(pod)], {}, kind=GpuKind.MEMORY, count=2, inventory=node)
+    assert grant.env[contract.ENV_GPU_ALLOCATED] == "1024"
+    assert grant.problem is not None
+    assert "says 11178 MiB but its limit reserves 2 x 512 MiB" in grant.problem
+
+
+@pytest.mark.parametrize("resource", [contract.GPU_MEMORY, contract.GPU_NUMBER])
+def test_a_gpu_limit_of_zero_is_refused_naming_the_fix(resource: str) -> None:
+    pod = gpu_pod("p")
+    pod["spec"]["containers"][0]["resources"] = {"limits": {resource: "0"}}
+    with pytest.raises(GpuShareError, match=f"sets {resource}: 0, which asks for no GPU"):
+        admit(pod, SETTINGS)
+
+
+def test_a_request_that_differs_from_its_limit_is_refused_not_raised() -> None:
+    pod = gpu_pod("p", 2048)
+    pod["spec"]["containers"][0]["resources"]["requests"] = {contract.GPU_MEMORY: "1024"}
+    with pytest.raises(GpuShareError, match=r"requests volcano\.sh/gpu-memory 1024 but its limit"):
+        admit(pod, SETTINGS)
+    pod["spec"]["containers"][0]["resources"]["requests"] = {contract.GPU_MEMORY: "2048"}
+    assert admit(pod, SETTINGS).units  # equal: converted as usual

@@ -10,6 +10,7 @@ from builders import gpu_pod, gpunode_resource
 from gpushare.model import contract
 from gpushare.model.allocation import (
     BoundPod,
+    DeviceListStrategy,
     NoCandidate,
     VisibleDevices,
     bound_pod,
@@ -133,7 +134,7 @@ def test_served_finished_and_other_kind_pods_are_never_candidates(pod: BoundPod)
         match_container([pod], {}, kind=MEMORY, count=10, inventory=inventory([100]))
 
 
-def test_a_pod_without_gpu_index_is_named_with_its_scheduler_and_never_served() -> None:
+def test_a_pod_without_gpu_index_is_never_served_and_named_only_for_the_log() -> None:
     stray = bound_pod(
         {
             **gpu_pod("stray", 10, node="n"),
@@ -146,8 +147,10 @@ def test_a_pod_without_gpu_index_is_named_with_its_scheduler_and_never_served() 
     with pytest.raises(NoCandidate) as refusal:
         match_container([stray], {}, kind=MEMORY, count=10, inventory=inventory([100]))
     message = str(refusal.value)
-    assert "default/stray (schedulerName 'default-scheduler')" in message
-    assert "without volcano.sh/gpu-index" in message
+    assert "1 pod(s) there ask for volcano.sh/gpu-memory without volcano.sh/gpu-index" in message
+    # The message reaches whichever pod the kubelet was starting: it names no pod.
+    assert "stray" not in message
+    assert refusal.value.pods == ("default/stray",)
 
 
 @pytest.mark.parametrize(
@@ -256,8 +259,9 @@ def test_preferred_whole_cards_are_the_pods_uuids() -> None:
 def test_a_gpu_index_another_scheduler_wrote_never_wins_a_card() -> None:
     pod = gpu_pod("forged", 10, node="n", index="0", uid="forged")
     pod["spec"]["schedulerName"] = "default-scheduler"
-    with pytest.raises(NoCandidate, match="forged \\(schedulerName 'default-scheduler'\\)"):
+    with pytest.raises(NoCandidate, match=r"without volcano\.sh/gpu-index") as refusal:
         match_container([bound_pod(pod)], {}, kind=MEMORY, count=10, inventory=inventory([100]))
+    assert refusal.value.pods == ("default/forged",)
     grant = match_container(
         [bound_pod(pod)],
         {},
@@ -273,8 +277,9 @@ def test_a_pod_created_on_the_node_directly_never_wins_a_card() -> None:
     pod = gpu_pod("direct", 10, node="n", index="0", uid="direct")
     pod["metadata"]["annotations"][contract.PREDICATE_TIME] = "1"
     del pod["status"]["conditions"]  # spec.nodeName at creation: no Binding, no PodScheduled
-    with pytest.raises(NoCandidate, match="default/direct"):
+    with pytest.raises(NoCandidate) as refusal:
         match_container([bound_pod(pod)], {}, kind=MEMORY, count=10, inventory=inventory([100]))
+    assert refusal.value.pods == ("default/direct",)
 
 
 def test_no_card_is_given_on_a_guess_while_a_bypassing_pod_asks_for_the_same_count() -> None:
@@ -284,9 +289,11 @@ def test_no_card_is_given_on_a_guess_while_a_bypassing_pod_asks_for_the_same_cou
     with pytest.raises(NoCandidate) as refusal:
         match_container(pods, {}, kind=MEMORY, count=10, inventory=inventory([100]))
     assert str(refusal.value).startswith(
-        "default/direct (schedulerName 'volcano') asks for 10 volcano.sh/gpu-memory like pod "
-        "default/ours, which the gpushare scheduler placed"
+        "1 pod(s) on node n asking for 10 volcano.sh/gpu-memory were not placed by the gpushare "
+        "scheduler"
     )
+    assert "default/" not in str(refusal.value)
+    assert refusal.value.pods == ("default/direct", "default/ours")
     # Another count is not ambiguous; nor is the bypassing pod once the kubelet refused it.
     grant = match_container(
         [placed("ours", 20), bound_pod(direct)],
@@ -305,3 +312,72 @@ def test_no_card_is_given_on_a_guess_while_a_bypassing_pod_asks_for_the_same_cou
         inventory=inventory([100]),
     )
     assert grant.pod.name == "ours"
+
+
+def test_a_pod_the_kubelet_admitted_is_never_taken_for_one_no_scheduler_placed() -> None:
+    # A running pod whose gpu-index was removed and gpu-assigned set back to "false".
+    pod = gpu_pod("running", 10, node="n", uid="running")
+    pod["metadata"]["annotations"][contract.GPU_ASSIGNED] = "false"
+    pod["status"]["phase"] = "Running"
+    pod["status"]["containerStatuses"] = [{"name": "main", "ready": True}]
+    grant = match_container(
+        [bound_pod(pod), placed("next", 10)], {}, kind=MEMORY, count=10, inventory=inventory([100])
+    )
+    assert grant.pod.name == "next"  # not refused as ambiguous
+
+
+def test_a_pod_this_plugin_served_whole_is_not_taken_for_an_unplaced_one() -> None:
+    served = gpu_pod("served", 10, node="n", uid="served")  # its annotations edited away
+    grant = match_container(
+        [bound_pod(served), placed("next", 10)],
+        {PodUid("served"): 1},
+        kind=MEMORY,
+        count=10,
+        inventory=inventory([100]),
+    )
+    assert grant.pod.name == "next"
+
+
+def test_volume_mounts_name_the_cards_in_mounts_a_pod_cannot_set() -> None:
+    grant = match_container(
+        [placed("p", number=2, index="1,2")],
+        {},
+        kind=NUMBER,
+        count=2,
+        inventory=inventory([10] * 3),
+        strategy=DeviceListStrategy.VOLUME_MOUNTS,
+    )
+    assert grant.env[contract.ENV_VISIBLE_DEVICES] == "/var/run/nvidia-container-devices"
+    assert [(m.container_path, m.host_path) for m in grant.mounts] == [
+        ("/var/run/nvidia-container-devices/1", "/dev/null"),
+        ("/var/run/nvidia-container-devices/2", "/dev/null"),
+    ]
+    envvar = match_container(
+        [placed("p", number=2, index="1,2")],
+        {},
+        kind=NUMBER,
+        count=2,
+        inventory=inventory([10] * 3),
+    )
+    assert envvar.env[contract.ENV_VISIBLE_DEVICES] == "1,2"
+    assert envvar.mounts == ()
+
+
+def test_an_admitted_pod_of_the_same_request_this_plugin_did_not_serve_is_still_a_candidate() -> (
+    None
+):
+    # The kubelet started it with the grant given to "served" (same card, same env): the call
+    # still to come is for "served", and takes the grant left to it.
+    started = gpu_pod("started", 10, node="n", index="0", uid="started")
+    started["metadata"]["annotations"][contract.PREDICATE_TIME] = "1"
+    started["status"]["phase"] = "Running"
+    started["status"]["containerStatuses"] = [{"name": "cuda-container", "ready": True}]
+    grant = match_container(
+        [bound_pod(started), placed("served", 10)],
+        {PodUid("served"): 1},
+        kind=MEMORY,
+        count=10,
+        inventory=inventory([100]),
+    )
+    assert grant.pod.name == "started"
+    assert grant.env[contract.ENV_VISIBLE_DEVICES] == "0"

@@ -47,18 +47,18 @@ def test_the_exactness_rule_holds_other_cards_until_assignment() -> None:
     bound = gpu_pod("a", 6000, node="n", index="0", uid="ua")
     c.observe_pod(PodInfo.parse(bound))
     request: PodRequest = gpu_request(gpu_pod("b", 6000))
-    check = c.card_check(request)
+    check = c.card_check(request, "default")
     assert check(NodeName("n"), CardIndex(0)) is None
     reason = check(NodeName("n"), CardIndex(1))
     assert reason is not None
     assert "held back until pod default/a" in reason
-    other_size = c.card_check(gpu_request(gpu_pod("c", 5000)))
+    other_size = c.card_check(gpu_request(gpu_pod("c", 5000)), "default")
     assert other_size(NodeName("n"), CardIndex(1)) is None
     bound["metadata"]["annotations"]["volcano.sh/gpu-assigned"] = "true"
     seen = c.observe_pod(PodInfo.parse(bound))
     assert seen.change is PodChange.ASSIGNED
     assert seen.signature == request.signature
-    assert c.card_check(request)(NodeName("n"), CardIndex(1)) is None
+    assert c.card_check(request, "default")(NodeName("n"), CardIndex(1)) is None
 
 
 def test_the_assignment_wait_runs_out() -> None:
@@ -66,9 +66,9 @@ def test_the_assignment_wait_runs_out() -> None:
     c = cache(clock)
     c.observe_pod(PodInfo.parse(gpu_pod("a", 6000, node="n", index="0", uid="ua")))
     request = gpu_request(gpu_pod("b", 6000))
-    assert c.card_check(request)(NodeName("n"), CardIndex(1)) is not None
+    assert c.card_check(request, "default")(NodeName("n"), CardIndex(1)) is not None
     clock[0] += 61
-    check = c.card_check(request)
+    check = c.card_check(request, "default")
     assert check(NodeName("n"), CardIndex(1)) is None
     assert [str(ref) for ref in check.expired.values()] == ["default/a"]
 
@@ -104,3 +104,65 @@ def test_a_slim_node_decides_as_the_whole_node_does() -> None:
     assert node_inventory(slim) == node_inventory(node)
     assert "images" not in slim["status"]
     assert "managedFields" not in slim["metadata"]
+
+
+def test_a_gpu_index_edited_after_the_bind_moves_nothing_in_the_books() -> None:
+    c = cache([1000.0])
+    pod = gpu_pod("a", 6000, node="n", index="0", uid="ua")
+    c.observe_pod(PodInfo.parse(pod))
+    pod["metadata"]["annotations"]["volcano.sh/gpu-index"] = "1"  # a tenant's edit
+    seen = c.observe_pod(PodInfo.parse(pod))
+    usage = c.ledger.node(NodeName("n"))
+    assert usage is not None
+    assert usage.cards[CardIndex(0)].used == 6000
+    assert usage.cards[CardIndex(1)].used == 0
+    assert any("moves nothing" in problem for problem in seen.problems)
+    del pod["metadata"]["annotations"]["volcano.sh/gpu-index"]  # or removed
+    c.observe_pod(PodInfo.parse(pod))
+    assert usage.cards[CardIndex(0)].used == 6000
+    assert usage.unattributed_memory == 0
+
+
+def test_an_assigned_pod_is_never_waited_for_again_whatever_its_annotations_say() -> None:
+    clock = [1000.0]
+    c = cache(clock)
+    pod = gpu_pod("a", 6000, node="n", index="0", uid="ua")
+    pod["metadata"]["annotations"]["volcano.sh/gpu-assigned"] = "true"
+    c.observe_pod(PodInfo.parse(pod))
+    request = gpu_request(gpu_pod("b", 6000))
+    assert c.card_check(request, "default")(NodeName("n"), CardIndex(1)) is None
+    # Set back to "false" and the predicate-time far in the future: no pin comes back.
+    pod["metadata"]["annotations"]["volcano.sh/gpu-assigned"] = "false"
+    pod["metadata"]["annotations"]["volcano.sh/predicate-time"] = "9" * 20
+    pod["metadata"]["annotations"]["volcano.sh/gpu-index"] = "0"
+    c.observe_pod(PodInfo.parse(pod))
+    assert c.card_check(request, "default")(NodeName("n"), CardIndex(1)) is None
+
+
+def test_the_assignment_wait_counts_from_the_caches_own_sight_not_predicate_time() -> None:
+    clock = [1000.0]
+    c = cache(clock)
+    pod = gpu_pod("a", 6000, node="n", index="0", uid="ua")
+    pod["metadata"]["annotations"]["volcano.sh/predicate-time"] = "9" * 20  # far future
+    c.observe_pod(PodInfo.parse(pod))
+    request = gpu_request(gpu_pod("b", 6000))
+    assert c.card_check(request, "default")(NodeName("n"), CardIndex(1)) is not None
+    clock[0] += 61
+    assert c.card_check(request, "default")(NodeName("n"), CardIndex(1)) is None
+
+
+def test_a_pod_of_another_namespace_is_not_named_in_a_held_back_reason() -> None:
+    c = cache([1000.0])
+    c.observe_pod(PodInfo.parse(gpu_pod("secret-job", 6000, node="n", index="0", uid="ua")))
+    request = gpu_request(gpu_pod("b", 6000))
+    reason = c.card_check(request, "team-b")(NodeName("n"), CardIndex(1))
+    assert reason is not None
+    assert "secret-job" not in reason
+    assert "a pod of another namespace (same request, card 0)" in reason
+
+
+def test_the_scheduler_keeps_only_the_annotations_it_reads() -> None:
+    pod = gpu_pod("a", 6000, node="n", index="0", uid="ua")
+    pod["metadata"]["annotations"]["bulky"] = "x" * 262144
+    kept = PodInfo.parse(pod).body["metadata"]["annotations"]
+    assert kept == {"volcano.sh/gpu-index": "0"}

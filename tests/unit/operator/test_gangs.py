@@ -117,3 +117,18 @@ def test_a_gangs_members_queue_at_its_podgroups_priority_class_when_higher() -> 
     assert book.priority_of(member) == 1000
     book.forget_priority_class("high")
     assert book.priority_of(member) == 0
+
+
+def test_a_podgroup_outside_kube_system_cannot_lift_its_gang_to_a_system_class() -> None:
+    cache, book = cluster()
+    add_gang(cache, book, "g", 2, 1000)
+    book.observe_group(
+        GroupApi.VOLCANO,
+        {
+            "metadata": {"name": "g", "namespace": "default"},
+            "spec": {"minMember": 2, "priorityClassName": "system-cluster-critical"},
+        },
+    )
+    book.observe_priority_class("system-cluster-critical", 2_000_000_000)
+    (member, *_) = book.members(spec_of(book, "g").key)
+    assert book.priority_of(member) == 0  # its pods' own priority

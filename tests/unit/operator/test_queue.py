@@ -108,3 +108,19 @@ def test_a_removed_pod_is_never_returned() -> None:
     q.remove(uid("a"))
     assert q.pop_ready() is None
     assert q.depth().active == 0
+
+
+def test_members_parked_by_their_gangs_decision_back_off_with_it() -> None:
+    clock = Clock()
+    q = queue(clock)
+    for name in ("m1", "m2", "m3"):
+        q.add(uid(name))
+    assert q.pop_ready() == "m1"
+    for name in ("m1", "m2", "m3"):  # the gang's decision parks every member
+        q.park(uid(name), wake_key="gang")
+    for _ in range(20):  # a stream of pods going away: no member is tried at each one
+        clock.now += 0.05
+        q.wake()
+        assert q.pop_ready() is None
+    clock.now += 1
+    assert q.pop_ready() == "m1"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from cluster import refused_rights
 from kubernetes_asyncio import client
 
-from gpushare_harness import ControlPlane
 from gpushare_harness.controlplane import free_port
 from gpushare_harness.crds import install_admission
 from gpushare_harness.operator import OperatorProcess, webhook_url
@@ -23,13 +23,14 @@ def webhook_port() -> int:
 
 @pytest.fixture
 def operators(
-    plane: ControlPlane, tmp_path: Path, webhook_port: int
+    operator_kubeconfig: Path, tmp_path: Path, webhook_port: int
 ) -> Iterator[Callable[..., OperatorProcess]]:
+    """Operator replicas on the operator's own token (`operator_kubeconfig`)."""
     started: list[OperatorProcess] = []
 
     def start(identity: str = "op-1", **env: str) -> OperatorProcess:
         process = OperatorProcess(
-            plane.kubeconfig,
+            operator_kubeconfig,
             tmp_path / f"{identity}.log",
             identity=identity,
             env=env,
@@ -41,6 +42,7 @@ def operators(
     yield start
     for process in started:
         process.stop()
+    refused_rights(started)
 
 
 @pytest_asyncio.fixture

@@ -38,6 +38,7 @@ from gpushare.model.inventory import NodeInventory, node_inventory
 from gpushare.model.request import GpuKind, gpu_request
 from gpushare.model.usage import Ledger, check_allocation, claim_of
 from gpushare_harness import ControlPlane, FakeGpuNode, create_gpu_node
+from gpushare_harness.identities import operator_kubeconfig, plugin_kubeconfig
 from gpushare_harness.kubelet import KubeletHarness
 from gpushare_harness.operator import OperatorProcess
 from gpushare_harness.plugin import PluginProcess
@@ -59,7 +60,9 @@ TOO_BIG = "313"  # 20,032 MiB: more than any card
 
 
 class FakeNode:
-    def __init__(self, name: str, plane: ControlPlane, folder: Path, logs: Path) -> None:
+    def __init__(
+        self, name: str, plane: ControlPlane, folder: Path, logs: Path, plugin_kubeconfig: Path
+    ) -> None:
         self.name = name
         self.kubelet = KubeletHarness(
             node=name,
@@ -69,7 +72,7 @@ class FakeNode:
         )
         self.plugin = PluginProcess(
             node=name,
-            kubeconfig=plane.kubeconfig,
+            kubeconfig=plugin_kubeconfig,
             socket_dir=folder,
             fake_gpus=f"8x{CARD}",
             log=logs / f"{name}-plugin.log",
@@ -118,18 +121,24 @@ async def test_a_burst_through_crashes_restarts_and_deletions_keeps_every_invari
 ) -> None:
     rng = random.Random(SEED)
     folders = Path(tempfile.mkdtemp(prefix="dp-faults-"))
-    nodes = [FakeNode(f"gpu-{i:02d}", plane, folders / f"{i:02d}", tmp_path) for i in range(NODES)]
+    names = [f"gpu-{i:02d}" for i in range(NODES)]
+    await asyncio.gather(
+        *(create_gpu_node(core, FakeGpuNode(name=n, gpu_memory=0, gpu_number=0)) for n in names)
+    )
+    # Each component on its own identity: the plugins' tokens bound to their Nodes.
+    plugin_configs = await asyncio.gather(
+        *(plugin_kubeconfig(core, plane.kubeconfig, n, tmp_path / f"{n}.kubeconfig") for n in names)
+    )
+    nodes = [
+        FakeNode(name, plane, folders / name, tmp_path, config)
+        for name, config in zip(names, plugin_configs, strict=True)
+    ]
+    operator_config = await operator_kubeconfig(core, plane.kubeconfig, tmp_path / "op.kubeconfig")
     operators = [
-        OperatorProcess(plane.kubeconfig, tmp_path / f"op-{n}.log", identity=f"op-{n}")
+        OperatorProcess(operator_config, tmp_path / f"op-{n}.log", identity=f"op-{n}")
         for n in ("a", "b")
     ]
     try:
-        await asyncio.gather(
-            *(
-                create_gpu_node(core, FakeGpuNode(name=n.name, gpu_memory=0, gpu_number=0))
-                for n in nodes
-            )
-        )
         for node in nodes:
             node.kubelet.start()
             node.plugin.start(wait_registered=False)
@@ -231,6 +240,8 @@ async def test_a_burst_through_crashes_restarts_and_deletions_keeps_every_invari
         await asyncio.gather(burst(), faults(), delete_while_binding())
         await settle(core, operators, deadline_s=240, gone_nodes=gone_nodes)
         await check_invariants(core, api, nodes, operators, gone_nodes=gone_nodes, deleted=deleted)
+        for process in [*operators, *(node.plugin for node in nodes)]:
+            assert "is forbidden" not in process.log.read_text(), process.tail()
     finally:
         for operator in operators:
             operator.stop()

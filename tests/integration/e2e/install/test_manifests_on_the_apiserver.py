@@ -74,22 +74,13 @@ async def test_the_components_need_no_more_than_their_roles(
     assert applied.returncode == 0, applied.stderr
     example = kubectl(plane, "apply", "-f", str(MANIFESTS / "examples" / "scheduler-config.yaml"))
     assert example.returncode == 0, example.stderr
-    operator_config = plane.token_kubeconfig(
-        tmp_path / "operator.kubeconfig",
-        "gpushare-operator",
-        await token_for(core, "gpushare-operator", "gpushare-system"),
-    )
-    plugin_config = plane.token_kubeconfig(
-        tmp_path / "plugin.kubeconfig",
-        "gpushare-device-plugin",
-        await token_for(core, "gpushare-device-plugin", "gpushare-device-plugin"),
-    )
+    # The operator and the plugin run on their own tokens (the fixtures' default; the
+    # plugin's bound to its Node, as its DaemonSet pod's is).
     # The operator runs on this machine, not behind the Service: call it on loopback.
     port = free_port()
     await install_admission(core.api_client, webhook_url(port))  # type: ignore[attr-defined]
-    node = await gpu_node("gpu-node-1", "8x11178", kubeconfig=plugin_config, unit_mib=None)
+    node = await gpu_node("gpu-node-1", "8x11178", unit_mib=None)
     operator = start_operator(
-        KUBECONFIG=str(operator_config),
         GPUSHARE_WEBHOOK_PORT=str(port),
         GPUSHARE_WEBHOOK_HOSTS="127.0.0.1",
     )

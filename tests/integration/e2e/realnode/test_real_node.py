@@ -21,7 +21,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -29,7 +29,15 @@ from typing import Any, cast
 import aiohttp
 import pytest
 import pytest_asyncio
-from cluster import create_pod, events_of, eventually, gpu_index, gpu_pod, read_pod
+from cluster import (
+    create_pod,
+    events_of,
+    eventually,
+    gpu_index,
+    gpu_pod,
+    read_pod,
+    refused_rights,
+)
 from kubernetes_asyncio import client
 
 from gpushare import kube
@@ -38,6 +46,7 @@ from gpushare.model import contract
 from gpushare_harness import nodeteardown
 from gpushare_harness.burst import BurstWatch, inventories, live_packing, model_packing
 from gpushare_harness.crds import install_project_at
+from gpushare_harness.identities import apply_roles, operator_kubeconfig, plugin_kubeconfig
 from gpushare_harness.operator import OperatorProcess
 from gpushare_harness.plugin import PluginProcess
 from gpushare_harness.realnode import RealCluster, RealNode, RealNodeError, check_prerequisites
@@ -103,6 +112,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         assert cluster.plane is not None
         kubeconfig = cluster.plane.kubeconfig
         install_project_at(kubeconfig)
+        apply_roles(cluster.plane.binaries.kubectl, kubeconfig)
         nodes = []
         for name, unit, cards in (
             ("gpu-node-1", 1, "8x11178"),  # the guide's node
@@ -113,21 +123,40 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             taints = [] if name == "gpu-node-1" else [SELECTED_ONLY]
             node = cluster.add_node(name, kubelet_config={"registerWithTaints": taints})
             plugin = node.device_plugin(
-                cards, directory / f"{name}-plugin.log", env={"GPU_MEMORY_FACTOR": str(unit)}
+                cards,
+                directory / f"{name}-plugin.log",
+                env={"GPU_MEMORY_FACTOR": str(unit)},
+                kubeconfig=own_kubeconfig(
+                    plugin_kubeconfig, kubeconfig, name, directory / f"{name}.kubeconfig"
+                ),
             )
             started.append(plugin.start())
             nodes.append(Node(node, plugin, unit))
-        operator = OperatorProcess(kubeconfig, directory / "operator.log")
+        operator = OperatorProcess(
+            own_kubeconfig(operator_kubeconfig, kubeconfig, directory / "operator.kubeconfig"),
+            directory / "operator.log",
+        )
         started.append(operator.start())
         yield Cluster(cluster, kubeconfig, *nodes)
     finally:
         for process in reversed(started):
             process.stop()
+        refused_rights(started)
         for name, node in cluster.nodes.items():  # kept for a failure's reader
             for log in ("kubelet.log", "containerd.log"):
                 with contextlib.suppress(OSError):
                     shutil.copy(node.directory / log, directory / f"{name}-{log}")
         cluster.stop()
+
+
+def own_kubeconfig(make: Callable[..., Awaitable[Path]], admin: Path, *args: Any) -> Path:
+    """A component's own kubeconfig (`identities`), from synchronous code."""
+
+    async def made() -> Path:
+        async with await kube.api_client(admin) as api:
+            return await make(client.CoreV1Api(api), admin, *args)
+
+    return asyncio.run(made())
 
 
 @pytest_asyncio.fixture
@@ -299,6 +328,27 @@ async def test_a_device_plugin_restart_keeps_pods_and_serves_new_ones(
     await create_pod(core, on(node, "served", 3072))
     pod = await running(core, "served")
     assert gpu_env(await exec_env(real, "served")) == guide_env(gpu_index(pod), 3072)
+
+
+async def test_with_volume_mounts_the_cards_are_named_by_mounts_a_pod_cannot_set(
+    real: Cluster, core: client.CoreV1Api
+) -> None:
+    node = real.coarse
+    node.plugin.stop()
+    node.plugin.env["DEVICE_LIST_STRATEGY"] = "volume-mounts"
+    try:
+        node.plugin.start()
+        await create_pod(core, on(node, "mounted", 1024))
+        pod = await running(core, "mounted")
+        card = gpu_index(pod)
+        env = gpu_env(await exec_env(real, "mounted"))
+        assert env[contract.ENV_VISIBLE_DEVICES] == "/var/run/nvidia-container-devices"
+        listed = real.kubectl("exec", "mounted", "--", "ls", "/var/run/nvidia-container-devices")
+        assert listed.stdout.split() == [card]
+    finally:
+        node.plugin.stop()
+        del node.plugin.env["DEVICE_LIST_STRATEGY"]
+        node.plugin.start()
 
 
 async def test_deleting_a_pod_releases_its_devices_in_the_checkpoint_and_the_gpunode(

@@ -1,0 +1,286 @@
+"""What the shipped policies let each identity write, tried against the real apiserver with the
+manifests applied: the device plugin's token (bound to its Node, as its pod's token is) writes
+only its own node's objects and only the fields it owns; the operator's only the caBundle of
+its webhook configuration; nobody else, cluster admins included, changes a pod's placement
+record; no container names its own cards in its env."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import pytest_asyncio
+from cluster import bind_pod, create_pod, eventually, gpu_pod
+from kubernetes_asyncio import client
+
+from gpushare import kube
+from gpushare.kube import ApiError, raw_json
+from gpushare.model import contract
+from gpushare_harness import ControlPlane, FakeGpuNode, create_gpu_node
+from gpushare_harness.identities import (
+    OPERATOR,
+    PLUGIN,
+    operator_kubeconfig,
+    plugin_kubeconfig,
+    token,
+    token_kubeconfig,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+MANIFESTS = Path(__file__).resolve().parents[4] / "manifests"
+MERGE = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+def kubectl(plane: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(plane.binaries.kubectl), "--kubeconfig", str(plane.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+
+
+async def refusal(call: Callable[..., Awaitable[object]]) -> str:
+    """The apiserver's message for a refused `call`. Server-side dry runs (`call(dry_run=
+    "All")`, which change nothing) wait out the moment the policies take to reach the
+    apiserver's admission chain after they are created; then the call itself is made."""
+
+    async def refused(**dry_run: str) -> str | None:
+        try:
+            await raw_json(call(**dry_run))
+        except ApiError as error:
+            return error.message if error.status in {403, 422} else None
+        return None
+
+    await eventually(lambda: refused(dry_run="All"), timeout_s=20, what="the policy in force")
+    message = await refused()
+    assert message is not None, "refused in a dry run, but not when made"
+    return message
+
+
+@pytest_asyncio.fixture
+async def installed(plane: ControlPlane, api: client.ApiClient) -> client.CoreV1Api:
+    applied = kubectl(plane, "apply", "-k", str(MANIFESTS))
+    assert applied.returncode == 0, applied.stderr
+    core = client.CoreV1Api(api)
+    for name in ("n1", "n2"):
+        await create_gpu_node(core, FakeGpuNode(name=name, gpu_memory=0, gpu_number=8))
+    return core
+
+
+async def placed(core: client.CoreV1Api, name: str, node: str) -> dict[str, Any]:
+    pod = await create_pod(core, gpu_pod(name, number=1))
+    await bind_pod(
+        core,
+        pod,
+        node,
+        {contract.GPU_INDEX: "0", contract.GPU_ASSIGNED: "false", contract.PREDICATE_TIME: "1"},
+    )
+    return pod
+
+
+def annotate(
+    core: client.CoreV1Api,
+    name: str,
+    annotations: dict[str, str | None],
+    **dry_run: Any,
+) -> Awaitable[object]:
+    return core.patch_namespaced_pod(
+        name,
+        "default",
+        {"metadata": {"annotations": annotations}},
+        _content_type=MERGE,  # type: ignore[call-arg]
+        _preload_content=False,
+        **dry_run,
+    )
+
+
+async def test_the_device_plugins_token_writes_only_its_own_nodes_objects(
+    installed: client.CoreV1Api, plane: ControlPlane, tmp_path: Path
+) -> None:
+    core = installed
+    for name, node in (("on-n1", "n1"), ("on-n2", "n2")):
+        await placed(core, name, node)
+    config = await plugin_kubeconfig(core, plane.kubeconfig, "n1", tmp_path / "plugin")
+    async with await kube.api_client(config) as api:
+        plugin = client.CoreV1Api(api)
+        objects = client.CustomObjectsApi(api)
+        served: dict[str, str | None] = {contract.GPU_ASSIGNED: contract.GPU_ASSIGNED_TRUE}
+
+        other_node = await refusal(lambda **dry: annotate(plugin, "on-n2", served, **dry))
+        assert "device plugin of node n1 may write only its own node's objects" in other_node
+        await raw_json(annotate(plugin, "on-n1", served))  # its own node: allowed
+        moved = await refusal(
+            lambda **dry: annotate(plugin, "on-n1", {contract.GPU_INDEX: "3"}, **dry)
+        )
+        assert "may change only the annotation volcano.sh/gpu-assigned" in moved
+        relabel = await refusal(
+            lambda **dry: plugin.patch_node(
+                "n1", {"metadata": {"labels": {"gpushare": "false"}}}, _preload_content=False, **dry
+            )
+        )
+        assert "may change only the annotation volcano.sh/gpu-unhealthy-ids" in relabel
+        cordon = await refusal(
+            lambda **dry: plugin.patch_node(
+                "n1", {"spec": {"unschedulable": True}}, _preload_content=False, **dry
+            )
+        )
+        assert "volcano.sh/gpu-unhealthy-ids" in cordon
+        unhealthy = {"metadata": {"annotations": {contract.GPU_UNHEALTHY_IDS: "1"}}}
+        await raw_json(plugin.patch_node("n1", unhealthy, _preload_content=False))
+        other = await refusal(
+            lambda **dry: plugin.patch_node("n2", unhealthy, _preload_content=False, **dry)
+        )
+        assert "not nodes n2" in other
+        gpunode = {
+            "apiVersion": f"{contract.INVENTORY_GROUP}/{contract.INVENTORY_VERSION}",
+            "kind": contract.INVENTORY_KIND,
+            "metadata": {"name": "n2"},
+            "spec": {"memoryUnitMiB": 512, "cards": []},
+        }
+        foreign = await refusal(
+            lambda **dry: objects.create_cluster_custom_object(
+                contract.INVENTORY_GROUP,
+                contract.INVENTORY_VERSION,
+                contract.INVENTORY_PLURAL,
+                gpunode,
+                _preload_content=False,
+                **dry,
+            )
+        )
+        assert "not gpunodes n2" in foreign
+    # A token bound to no node (a Secret's long-lived token, say) writes nothing.
+    loose = token_kubeconfig(
+        plane.kubeconfig, tmp_path / "loose", PLUGIN[1], await token(core, PLUGIN)
+    )
+    async with await kube.api_client(loose) as api:
+        refused = await refusal(
+            lambda **dry: annotate(client.CoreV1Api(api), "on-n1", served, **dry)
+        )
+        assert "token is bound to no node" in refused
+
+
+def create(core: client.CoreV1Api, pod: dict[str, Any], **dry_run: Any) -> Awaitable[object]:
+    return core.create_namespaced_pod(
+        "default", cast(client.V1Pod, pod), _preload_content=False, **dry_run
+    )
+
+
+async def test_the_operators_token_changes_only_its_webhooks_ca_bundle(
+    installed: client.CoreV1Api, plane: ControlPlane, tmp_path: Path
+) -> None:
+    config = await operator_kubeconfig(installed, plane.kubeconfig, tmp_path / "operator")
+    async with await kube.api_client(config) as api:
+        admission = client.AdmissionregistrationV1Api(api)
+
+        def patch(operations: list[dict[str, Any]], **dry_run: Any) -> Awaitable[object]:
+            return admission.patch_mutating_webhook_configuration(
+                "gpushare",
+                operations,
+                _content_type=JSON_PATCH,  # type: ignore[call-arg]
+                _preload_content=False,
+                **dry_run,
+            )
+
+        for change in (
+            [{"op": "add", "path": "/webhooks/0/rules/0/resources/-", "value": "secrets"}],
+            [{"op": "remove", "path": "/webhooks/0/matchConditions"}],
+            [{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": "Fail"}],
+            [{"op": "replace", "path": "/webhooks/0/clientConfig/service/name", "value": "x"}],
+        ):
+            refused = await refusal(lambda c=change, **dry: patch(c, **dry))
+            assert "may change only the caBundle" in refused, change
+        bundle = [{"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": "Zm9v"}]
+        await raw_json(patch(bundle))
+    assert OPERATOR[1] in config.read_text()
+
+
+async def test_a_pods_placement_record_is_written_by_gpushare_alone(
+    installed: client.CoreV1Api,
+) -> None:
+    core = installed  # the admin: system:masters, and refused all the same
+    await placed(core, "p", "n1")
+    edits: list[dict[str, str | None]] = [
+        {contract.GPU_INDEX: "1"},
+        {contract.GPU_INDEX: None},
+        {contract.GPU_ASSIGNED: "true"},
+        {contract.PREDICATE_TIME: "99999999999999999999"},
+        {contract.GPU_MEMORY_MIB: "cuda-container=11178"},
+    ]
+    for edit in edits:
+        refused = await refusal(lambda e=edit, **dry: annotate(core, "p", e, **dry))
+        assert "gpushare's record of where it placed the pod" in refused, edit
+        assert "delete it and create it anew" in refused
+    status = await refusal(
+        lambda **dry: core.patch_namespaced_pod_status(
+            "p",
+            "default",
+            {"metadata": {"annotations": {contract.GPU_INDEX: "2"}}},
+            _preload_content=False,
+            **dry,
+        )
+    )
+    assert "volcano.sh/gpu-index" in status
+    await raw_json(annotate(core, "p", {"team": "a"}))  # other annotations are the owner's
+    forged = gpu_pod("forged", number=1)
+    forged["metadata"]["annotations"] = {contract.GPU_INDEX: "0"}
+    created = await refusal(lambda **dry: create(core, forged, **dry))
+    assert "are written by gpushare alone, when it places the pod: remove them" in created
+
+
+async def test_no_container_names_its_own_cards_outside_exempt_namespaces(
+    installed: client.CoreV1Api, plane: ControlPlane
+) -> None:
+    core = installed
+    pod = gpu_pod("sees-all", number=1)
+    pod["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    refused = await refusal(lambda **dry: create(core, pod, **dry))
+    assert "container cuda-container sets NVIDIA_VISIBLE_DEVICES" in refused
+    plain = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "plain"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "x",
+                    "env": [{"name": "VOLCANO_GPU_ALLOCATED", "value": "99999"}],
+                }
+            ]
+        },
+    }
+    refused = await refusal(lambda **dry: create(core, plain, **dry))
+    assert "container c sets VOLCANO_GPU_ALLOCATED" in refused
+    await create_pod(core, gpu_pod("debuggee", number=1))
+    debug = {
+        "spec": {
+            "ephemeralContainers": [
+                {
+                    "name": "debug",
+                    "image": "x",
+                    "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
+                }
+            ]
+        }
+    }
+    ephemeral = await refusal(
+        lambda **dry: core.patch_namespaced_pod_ephemeralcontainers(
+            "debuggee",
+            "default",
+            debug,
+            _content_type="application/strategic-merge-patch+json",  # type: ignore[call-arg]
+            _preload_content=False,
+            **dry,
+        )
+    )
+    assert "container debug sets NVIDIA_VISIBLE_DEVICES" in ephemeral
+    # The device plugin's own namespace is exempt: its pod reads every card through NVML.
+    exempt = {**plain, "metadata": {"name": "plugin-like"}}
+    await create_pod(core, exempt, namespace="gpushare-device-plugin")

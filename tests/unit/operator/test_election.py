@@ -1,0 +1,73 @@
+"""Leader election judged by each replica's own elapsed time, never by another's clock."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from gpushare_operator.config import OperatorConfig
+from gpushare_operator.election import LeaseElector
+
+pytestmark = pytest.mark.asyncio
+
+
+class OneLease:
+    """The Lease as the apiserver keeps it: a read, a create, a replace."""
+
+    def __init__(self) -> None:
+        self.lease: dict[str, Any] | None = None
+        self.version = 0
+
+    async def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.lease)
+
+    async def write_lease(self, namespace: str, body: Mapping[str, Any], *, create: bool) -> None:
+        self.lease = copy.deepcopy(dict(body))
+        self.version += 1
+        self.lease["metadata"]["resourceVersion"] = str(self.version)
+
+
+def replica(api: OneLease, identity: str, wall: list[float], elapsed: list[float]) -> LeaseElector:
+    config = OperatorConfig(identity=identity, lease_duration_s=15, renew_deadline_s=10)
+    return LeaseElector(
+        api,  # type: ignore[arg-type]  # the two Lease calls are all it makes
+        config=lambda: config,
+        on_started_leading=lambda: None,
+        on_stopped_leading=lambda: None,
+        clock=lambda: wall[0],
+        monotonic=lambda: elapsed[0],
+    )
+
+
+async def test_a_standby_whose_clock_runs_ahead_does_not_take_a_live_lease() -> None:
+    api = OneLease()
+    leader = replica(api, "a", wall=[1000.0], elapsed=[0.0])
+    await leader.step()
+    assert leader.leading
+    standby_elapsed = [0.0]
+    standby = replica(api, "b", wall=[1000.0 + 3600], elapsed=standby_elapsed)  # an hour ahead
+    await standby.step()
+    assert not standby.leading
+    for _ in range(5):  # the leader renews; the standby's own time passes
+        standby_elapsed[0] += 5
+        await leader.step()
+        await standby.step()
+        assert not standby.leading
+
+
+async def test_a_standby_whose_clock_runs_behind_takes_a_lease_left_unrenewed() -> None:
+    api = OneLease()
+    leader = replica(api, "a", wall=[1000.0], elapsed=[0.0])
+    await leader.step()
+    standby_elapsed = [0.0]
+    standby = replica(api, "b", wall=[1000.0 - 3600], elapsed=standby_elapsed)  # an hour behind
+    await standby.step()
+    assert not standby.leading
+    standby_elapsed[0] += 16  # the leader died: 16 s of the standby's time, no renewal
+    await standby.step()
+    assert standby.leading
+    assert api.lease is not None
+    assert api.lease["spec"]["holderIdentity"] == "b"
