@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import sys
 import time
 import uuid
@@ -28,16 +29,13 @@ from gpushare import kube
 from gpushare.kube import ApiError
 from gpushare.kube.clock import parse_time
 from gpushare.kube.reflector import Item, ListCall, WatchExpired, list_pages
-from gpushare.kube.retry import Backoff, retry
+from gpushare.kube.retry import READ, retry, transient
 from gpushare.model import contract
 from gpushare.model.bodies import Body, path
 from gpushare.model.gangs import PLURAL, GroupApi
 from gpushare_cli.errors import CliError
-from gpushare_operator.config import ConfigError, OperatorConfig, from_env, with_live
+from gpushare_operator.config import ConfigError, OperatorConfig, load, with_live
 
-READ_ATTEMPTS = 8  # about 10 s of waiting
-READ_BACKOFF = Backoff(initial_s=0.25, max_s=2.0)
-RETRY_STATUSES = frozenset({429, 503})  # the apiserver is starting or overloaded
 _T = TypeVar("_T")
 
 
@@ -224,7 +222,7 @@ async def _read(read: Callable[[], Awaitable[_T]], *, absent: _T | None = None) 
     and from the first page when a LIST's continue token expired (410); `absent`, when
     given, is what a 404 reads as (no CRDs, no live config)."""
     try:
-        return await retry(read, retryable=_busy, backoff=READ_BACKOFF, attempts=READ_ATTEMPTS)
+        return await retry(read, READ, retryable=_busy)
     except WatchExpired as expired:
         raise ApiError(410, str(expired)) from expired
     except ApiError as error:
@@ -234,15 +232,14 @@ async def _read(read: Callable[[], Awaitable[_T]], *, absent: _T | None = None) 
 
 
 def _busy(error: Exception) -> bool:
-    """The apiserver asks to wait, or a LIST is to start over."""
-    return isinstance(error, WatchExpired) or (
-        isinstance(error, ApiError) and error.status in RETRY_STATUSES
-    )
+    """The apiserver answered but asks to wait (429, 5xx), or a LIST is to start over; a
+    cluster that does not answer at all is said at once."""
+    return isinstance(error, WatchExpired) or (isinstance(error, ApiError) and transient(error))
 
 
 def live_config(live: Body) -> OperatorConfig:
     """What the operator decides with: its environment, with the live spec applied."""
-    config = from_env()
+    config = load({}, os.environ)
     spec = path(live, "spec")
     if spec:
         # The operator refuses an invalid one too, and keeps its environment's values.

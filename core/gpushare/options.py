@@ -1,5 +1,7 @@
 """Options declared once: each component's table of `Option`s gives its flags, environment
-variables, defaults and (the operator's) live keys; the value parsers both components share.
+variables and (the operator's) live keys, its configuration class the defaults; one path
+reads them for both deployables, flag over environment over default (`given`, `parse`,
+`defaults_of`); the value parsers both components share.
 
 Pure: building an argparse parser and parsing text, no I/O.
 """
@@ -8,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -29,8 +31,6 @@ class Option:
     flag: str
     parse: Callable[[str], Any]
     help: str
-    default: str | None = None
-    """The default as text, where the configuration class has none to take it from."""
     live: str | None = None
     """Its key in a live configuration resource's spec; None when it only applies at start-up."""
     schema: Mapping[str, Any] | None = None
@@ -55,17 +55,56 @@ def add_flags(
         )
 
 
+def given(
+    options: Iterable[Option], flags: Mapping[str, str | None], environ: Mapping[str, str]
+) -> dict[str, tuple[str, str]]:
+    """What was set for each option, a flag over its environment variable: {field: (where
+    the text came from, the text)}. An option set by neither is left out: its default stands."""
+    found: dict[str, tuple[str, str]] = {}
+    for option in options:
+        flag = flags.get(option.field)
+        if flag is not None:
+            found[option.field] = (option.flag, flag)
+        elif option.env in environ:
+            found[option.field] = (option.env, environ[option.env])
+    return found
+
+
+def defaults_of(config: type) -> dict[str, str]:
+    """Each field's default in a configuration dataclass, as its environment variable would
+    spell it (for `--help`, the CRD's descriptions); fields without one, or whose default is
+    "unset" (None, empty), are left out."""
+    return {
+        item.name: spelled(item.default)
+        for item in fields(config)
+        if item.default is not MISSING and item.default is not None and item.default != ""
+    }
+
+
+def spelled(value: object) -> str:
+    """A value as its environment variable spells it."""
+    if isinstance(value, frozenset):
+        return ",".join(sorted(map(str, value)))
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, Enum):
+        return str(value.value)
+    return str(value)
+
+
 def parse(
-    options: Iterable[Option], given: Mapping[str, tuple[str, str]]
+    options: Iterable[Option], texts: Mapping[str, tuple[str, str]]
 ) -> tuple[dict[str, Any], list[str]]:
-    """The options in `given` ({field: (where the text came from, text)}) parsed: the values by
+    """The options in `texts` ({field: (where the text came from, text)}) parsed: the values by
     field, and one `where='text': what it must be` line per refused text."""
     values: dict[str, Any] = {}
     problems: list[str] = []
     for option in options:
-        if option.field not in given:
+        if option.field not in texts:
             continue
-        where, raw = given[option.field]
+        where, raw = texts[option.field]
         try:
             values[option.field] = option.parse(raw)
         except ValueError as error:

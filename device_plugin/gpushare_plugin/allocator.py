@@ -14,11 +14,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import aiohttp
-
 from gpushare import logs
 from gpushare.kube import ApiError
-from gpushare.kube.retry import Backoff
+from gpushare.kube.retry import WRITE, transient, wait_s
 from gpushare.model import contract
 from gpushare.model.allocation import (
     ContainerGrant,
@@ -37,9 +35,7 @@ from gpushare_plugin.kubeapi import PluginApi
 from gpushare_plugin.metrics import PluginMetrics
 from gpushare_plugin.podcache import PodCache
 
-_ASSIGN_ATTEMPTS = 3
-_UNREACHABLE_ATTEMPTS = 20  # 10 s: an apiserver restart
-_UNREACHABLE_BACKOFF = Backoff(initial_s=0.5, max_s=0.5)
+_CONFLICT_ATTEMPTS = 3
 BYPASS_WAIT_S = 0.3
 """The watch's grace when the pod being started is most likely one no scheduler placed: its
 refusal (GetPreferredAllocation, then Allocate) comes within a second."""
@@ -153,32 +149,36 @@ class Allocator:
             self._metrics.allocate_latency.labels(kind.value).observe(time.perf_counter() - started)
 
     async def _mark_assigned(self, grant: ContainerGrant) -> None:
-        """Not `retry`: two budgets in one loop. An unanswered write waits and is tried again
-        (one budget for the whole call); a conflict re-reads the pod and writes again at
-        once, with the new resourceVersion (a budget of its own)."""
+        """Not `retry`: two budgets in one loop. A write with no answer, or a busy one, waits
+        and is tried again (`retry.WRITE`, one budget for the whole call); a conflict re-reads
+        the pod and writes again at once, with the new resourceVersion (a budget of its own)."""
         version = grant.resource_version
-        unreachable = _UNREACHABLE_BACKOFF.delays(_UNREACHABLE_ATTEMPTS - 1)
+        delays = WRITE.delays()
         conflicts = 0
         while True:
             try:
                 await self._api.mark_assigned(grant.pod, version)
                 return
-            except (aiohttp.ClientError, OSError, TimeoutError) as error:
-                # The apiserver restarting: the decision stands, the write is retried.
-                delay = next(unreachable, None)
-                if delay is None:
-                    raise NoCandidate(
-                        f"pod {grant.pod}: the apiserver did not answer ({error}); could not "
-                        f"set {contract.GPU_ASSIGNED}"
-                    ) from error
-                await asyncio.sleep(delay)
-                continue
-            except ApiError as error:
-                if error.status != 409:
+            except (ApiError, OSError, TimeoutError) as error:
+                if isinstance(error, ApiError) and error.status == 409:
+                    failure = None
+                elif transient(error):
+                    # The apiserver restarting or busy: the decision stands, the write waits.
+                    delay = next(delays, None)
+                    if delay is None:
+                        raise NoCandidate(
+                            f"pod {grant.pod}: the apiserver did not take the write ({error}); "
+                            f"could not set {contract.GPU_ASSIGNED}"
+                        ) from error
+                    failure = wait_s(delay, error)
+                else:
                     raise NoCandidate(
                         f"pod {grant.pod}: could not set {contract.GPU_ASSIGNED} ({error}); "
                         f"the kubelet will retry the start"
                     ) from error
+            if failure is not None:
+                await asyncio.sleep(failure)
+                continue
             body = await self._api.read_pod(grant.pod)
             current = bound_pod(body) if body is not None else None
             if current is None or current.ref.uid != grant.pod.uid or not current.active:
@@ -190,7 +190,7 @@ class Allocator:
                 )
             version = current.resource_version
             conflicts += 1
-            if conflicts >= _ASSIGN_ATTEMPTS:
+            if conflicts >= _CONFLICT_ATTEMPTS:
                 raise NoCandidate(
                     f"pod {grant.pod} kept changing; could not set {contract.GPU_ASSIGNED}"
                 )

@@ -8,8 +8,8 @@ together, with the fix. Each option is declared once, in `OPTIONS`; `gpushare-de
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpushare import options
@@ -30,21 +30,21 @@ class ConfigError(ValueError):
 @dataclass(frozen=True, kw_only=True)
 class PluginConfig:
     node_name: str
-    kubeconfig: Path | None
-    socket_dir: Path
-    gpu_memory_factor: int | None
+    kubeconfig: Path | None = None
+    socket_dir: Path = DEFAULT_SOCKET_DIR
+    gpu_memory_factor: int | None = contract.DEFAULT_MEMORY_UNIT_MIB
     """MiB per gpu-memory device; None for `auto` (the smallest that fits the kubelet)."""
-    visible_devices: VisibleDevices
-    device_list_strategy: DeviceListStrategy
-    fake_gpus: str | None
-    metrics_port: int
-    health: HealthPolicy
-    allocate_wait_s: float
-    heartbeat_s: float
+    visible_devices: VisibleDevices = VisibleDevices.INDEX
+    device_list_strategy: DeviceListStrategy = DeviceListStrategy.ENVVAR
+    fake_gpus: str | None = None
+    metrics_port: int = 9402
+    health: HealthPolicy = field(default_factory=HealthPolicy)
+    allocate_wait_s: float = 5.0
+    heartbeat_s: float = 30.0
     """How often the GPUNode's heartbeat annotation is renewed."""
-    scheduler_names: frozenset[str]
+    scheduler_names: frozenset[str] = frozenset({contract.DEFAULT_SCHEDULER_NAME})
     """Only pods of these schedulers (the operator's) are served."""
-    log_level: str
+    log_level: str = "info"
 
 
 def _node_name(raw: str) -> str:
@@ -108,7 +108,6 @@ OPTIONS = (
         field="socket_dir",
         env="GPUSHARE_SOCKET_DIR",
         flag="--socket-dir",
-        default=str(DEFAULT_SOCKET_DIR),
         parse=_socket_dir,
         help="the kubelet's device-plugin folder",
     ),
@@ -116,7 +115,6 @@ OPTIONS = (
         field="gpu_memory_factor",
         env="GPU_MEMORY_FACTOR",
         flag="--gpu-memory-factor",
-        default=str(contract.DEFAULT_MEMORY_UNIT_MIB),
         parse=_factor,
         help="MiB per gpu-memory device: the cluster's unit (GPUShareConfig spec.memoryUnitMiB), "
         f"or {AUTO} (the smallest that fits the kubelet; for pods that write units)",
@@ -125,7 +123,6 @@ OPTIONS = (
         field="visible_devices",
         env="GPUSHARE_VISIBLE_DEVICES",
         flag="--visible-devices",
-        default=VisibleDevices.INDEX.value,
         parse=options.one_of(VisibleDevices),
         help=f"how NVIDIA_VISIBLE_DEVICES names the cards: {' or '.join(VisibleDevices)}",
     ),
@@ -133,7 +130,6 @@ OPTIONS = (
         field="device_list_strategy",
         env="DEVICE_LIST_STRATEGY",
         flag="--device-list-strategy",
-        default=DeviceListStrategy.ENVVAR.value,
         parse=options.one_of(DeviceListStrategy),
         help="how the container runtime is told the cards, as NVIDIA's plugin names it: "
         f"{' or '.join(DeviceListStrategy)} (docs/reference.md)",
@@ -149,7 +145,6 @@ OPTIONS = (
         field="metrics_port",
         env="GPUSHARE_METRICS_PORT",
         flag="--metrics-port",
-        default="9402",
         parse=options.port,
         help="Prometheus endpoint, 0 to disable",
     ),
@@ -157,7 +152,6 @@ OPTIONS = (
         field=_HEALTH_RECOVERY,
         env="GPUSHARE_HEALTH_RECOVERY_SECONDS",
         flag="--health-recovery-seconds",
-        default="300",
         parse=_seconds,
         help="seconds without a new XID after which an Unhealthy card is Healthy again",
     ),
@@ -165,7 +159,6 @@ OPTIONS = (
         field="allocate_wait_s",
         env="GPUSHARE_ALLOCATE_WAIT_SECONDS",
         flag="--allocate-wait-seconds",
-        default="5",
         parse=_seconds,
         help="seconds Allocate waits for the operator's assignment of the pod",
     ),
@@ -173,7 +166,6 @@ OPTIONS = (
         field="heartbeat_s",
         env="GPUSHARE_HEARTBEAT_SECONDS",
         flag="--heartbeat-seconds",
-        default="30",
         parse=_positive_seconds,
         help="seconds between heartbeats on the node's GPUNode (the operator marks it Stale "
         "after its --plugin-stale-after, 90 s by default)",
@@ -182,7 +174,6 @@ OPTIONS = (
         field="scheduler_names",
         env="GPUSHARE_SCHEDULER_NAMES",
         flag="--scheduler-names",
-        default=contract.DEFAULT_SCHEDULER_NAME,
         parse=options.scheduler_names,
         help="comma list of the schedulers (the operator's) whose pods are served",
     ),
@@ -197,11 +188,19 @@ OPTIONS = (
         field="log_level",
         env="GPUSHARE_LOG_LEVEL",
         flag="--log-level",
-        default="info",
         parse=options.log_level,
         help="debug | info | warning | error",
     ),
 )
+
+
+def _defaults() -> dict[str, str]:
+    """Each option's default as its variable spells it (the two health options' from the
+    default HealthPolicy)."""
+    return {
+        **options.defaults_of(PluginConfig),
+        _HEALTH_RECOVERY: options.spelled(HealthPolicy().recovery_s),
+    }
 
 
 def parser() -> argparse.ArgumentParser:
@@ -209,30 +208,24 @@ def parser() -> argparse.ArgumentParser:
         prog="gpushare-device-plugin",
         description="Kubelet device plugin for volcano.sh/gpu-memory and volcano.sh/gpu-number.",
     )
-    options.add_flags(
-        parse, OPTIONS, {option.field: option.default for option in OPTIONS if option.default}
-    )
+    options.add_flags(parse, OPTIONS, _defaults())
     return parse
 
 
-def load(argv: Sequence[str] | None, environ: Mapping[str, str]) -> PluginConfig:
-    args = vars(parser().parse_args(argv))
-    given = {
-        option.field: (
-            option.flag,
-            args[option.field]
-            if args[option.field] is not None
-            else environ.get(option.env, option.default or ""),
-        )
-        for option in OPTIONS
-    }
-    values, problems = options.parse(OPTIONS, given)
-    checks, recovery = values.pop(_HEALTH_CHECKS), values.pop(_HEALTH_RECOVERY, 0.0)
-    health = HealthPolicy()
+def load(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> PluginConfig:
+    """The configuration, each option from its flag (`flags`, by field: what `parser()`
+    parsed), else its variable, else its default; ConfigError lists every problem."""
+    texts = options.given(OPTIONS, flags, environ)
+    values, problems = options.parse(OPTIONS, texts)
+    if "node_name" not in texts:
+        problems.insert(0, "NODE_NAME is required: set it from the downward API (spec.nodeName)")
+    default = HealthPolicy()
+    checks = values.pop(_HEALTH_CHECKS, "")
+    recovery = values.pop(_HEALTH_RECOVERY, default.recovery_s)
     try:
-        health = HealthPolicy.from_setting(checks, recovery)
+        values["health"] = HealthPolicy.from_setting(checks, recovery)
     except ValueError as error:
         problems.append(str(error))
     if problems:
         raise ConfigError("; ".join(problems))
-    return PluginConfig(**values, health=health)
+    return PluginConfig(**values)

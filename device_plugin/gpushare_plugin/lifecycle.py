@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 
 from gpushare import logs
-from gpushare.kube.retry import Backoff, pause
+from gpushare.kube.retry import REGISTER, pause
 from gpushare.model.request import GpuKind
 from gpushare_plugin._proto.v1beta1 import api_pb2, api_pb2_grpc
 from gpushare_plugin.server import OPTIONS, DevicePluginServicer
@@ -30,7 +30,6 @@ SOCKET_NAMES = {
 _POLL_S = 0.5
 _DIAL_TIMEOUT_S = 5.0
 _REGISTER_TIMEOUT_S = 10.0
-_BACKOFF = Backoff(initial_s=1.0, max_s=30.0)
 _STOP_GRACE_S = 1.0
 
 
@@ -81,7 +80,7 @@ class Supervisor:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve and register until `stop` is set; then remove the sockets and return."""
-        delays = _BACKOFF.delays()
+        delays = REGISTER.delays()
         while not stop.is_set():
             servers: list[grpc.aio.Server] = []
             try:
@@ -89,7 +88,7 @@ class Supervisor:
                 kubelet = await self._register(stop)
                 if kubelet is None:
                     continue  # stopping
-                delays = _BACKOFF.delays()
+                delays = REGISTER.delays()
                 reason = await self._wait_restart(kubelet, stop)
                 if reason:
                     self._log.info("re-registering", reason=reason)

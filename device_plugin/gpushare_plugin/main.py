@@ -17,12 +17,12 @@ from typing import Any
 
 from gpushare import logs
 from gpushare.kube import api_client
-from gpushare.kube.retry import Backoff, pause
+from gpushare.kube.retry import PUBLISH, pause
 from gpushare.model.devices import check_unit_fits, smallest_fitting_unit
 from gpushare.model.errors import InvalidInventory
 from gpushare.model.request import GpuKind
 from gpushare_plugin.allocator import Allocator
-from gpushare_plugin.config import ConfigError, PluginConfig, load
+from gpushare_plugin.config import ConfigError, PluginConfig, load, parser
 from gpushare_plugin.devices import DeviceTable
 from gpushare_plugin.discovery import Discovery, DiscoveryError
 from gpushare_plugin.discovery.fake import FakeDiscovery
@@ -34,8 +34,6 @@ from gpushare_plugin.lifecycle import Supervisor
 from gpushare_plugin.metrics import PluginMetrics
 from gpushare_plugin.podcache import PodCache
 from gpushare_plugin.server import DevicePluginServicer
-
-_PUBLISH_BACKOFF = Backoff(initial_s=2.0, max_s=2.0)
 
 
 def open_discovery(config: PluginConfig) -> Discovery:
@@ -91,7 +89,7 @@ async def run(config: PluginConfig, stop: asyncio.Event) -> int:
             )
             # Not `retry`: `publish` logs its own failure and answers False; it is tried
             # again until it succeeds or the plugin is stopped.
-            for delay in _PUBLISH_BACKOFF.delays():
+            for delay in PUBLISH.delays():
                 if await publisher.publish():
                     break
                 if await pause(delay, stop):
@@ -157,7 +155,7 @@ async def _main(config: PluginConfig) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        config = load(argv, os.environ)
+        config = load(vars(parser().parse_args(argv)), os.environ)
     except ConfigError as error:
         print(f"gpushare-device-plugin: {error}", file=sys.stderr)
         return 2

@@ -1,4 +1,4 @@
-"""The operator's configuration: defaults < environment < the live GPUShareConfig resource.
+"""The operator's configuration: defaults < environment < flags < the live GPUShareConfig.
 
 Every field is validated at once and every problem reported together. A bad live value is
 refused whole: the operator keeps the configuration it had, and says why (an Event and the
@@ -16,7 +16,7 @@ import argparse
 import os
 import socket
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from gpushare import options
@@ -414,39 +414,19 @@ def live_spec_schema() -> dict[str, object]:
 
 
 def _described(option: Option) -> str:
-    default = _defaults()[option.field]
+    default = options.defaults_of(OperatorConfig)[option.field]
     return f"{option.help}. Default: {default} (${option.env})."
-
-
-def _spelled(value: object) -> str:
-    """A default as its environment variable would spell it."""
-    if isinstance(value, frozenset):
-        return ",".join(sorted(value))
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
-
-
-def _defaults() -> dict[str, str]:
-    """Each field's default as text (the identity's is computed at start-up)."""
-    return {
-        item.name: _spelled(item.default)
-        for item in fields(OperatorConfig)
-        if item.default is not MISSING
-    }
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
     """A flag per option, its help naming the variable and the default."""
-    options.add_flags(parser, OPTIONS, _defaults())
+    options.add_flags(parser, OPTIONS, options.defaults_of(OperatorConfig))
 
 
-def _apply(base: OperatorConfig, given: Mapping[str, tuple[str, str]]) -> OperatorConfig:
-    """`base` with `given` ({field: (where, raw text)}) parsed in; ConfigError lists all
+def _apply(base: OperatorConfig, texts: Mapping[str, tuple[str, str]]) -> OperatorConfig:
+    """`base` with `texts` ({field: (where, raw text)}) parsed in; ConfigError lists all
     problems."""
-    changes, problems = options.parse(OPTIONS, given)
+    changes, problems = options.parse(OPTIONS, texts)
     merged = replace(base, **changes)
     if merged.backoff_initial_s > merged.backoff_max_s:
         problems.append("backoff initial must not exceed backoff max")
@@ -457,11 +437,10 @@ def _apply(base: OperatorConfig, given: Mapping[str, tuple[str, str]]) -> Operat
     return merged
 
 
-def from_env(environ: Mapping[str, str] | None = None) -> OperatorConfig:
-    """The start-up configuration: defaults overridden by the GPUSHARE_* environment."""
-    env = os.environ if environ is None else environ
-    given = {option.field: (option.env, env[option.env]) for option in OPTIONS if option.env in env}
-    return _apply(OperatorConfig(), given)
+def load(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> OperatorConfig:
+    """The start-up configuration, each option from its flag (`flags`, by field: what
+    `add_flags` parsed), else its GPUSHARE_* variable, else its default."""
+    return _apply(OperatorConfig(), options.given(OPTIONS, flags, environ))
 
 
 def with_live(base: OperatorConfig, spec: Mapping[str, object]) -> OperatorConfig:

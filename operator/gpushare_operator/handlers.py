@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -29,7 +30,7 @@ from gpushare import kube, logs
 from gpushare.model import GpuShareError, contract
 from gpushare.model.admission import NOTHING, admit
 from gpushare.model.bodies import mapping
-from gpushare_operator.config import from_env
+from gpushare_operator.config import OperatorConfig, load
 from gpushare_operator.kubeapi import KubeSchedulerApi
 from gpushare_operator.runtime import Runtime
 from gpushare_operator.webhook import (
@@ -39,7 +40,14 @@ from gpushare_operator.webhook import (
 )
 
 _RUNTIME = "gpushare"
+_CONFIG = "gpushare_config"
 _SYNC_TIMEOUT_S = 300.0
+
+
+def kopf_memo(config: OperatorConfig) -> kopf.Memo:
+    """kopf's memo for a run with `config` (what `gpushare-operator` read from its flags and
+    environment): the startup handler takes it from there."""
+    return kopf.Memo({_CONFIG: config})
 
 
 def runtime(memo: Any) -> Runtime:
@@ -50,7 +58,8 @@ def runtime(memo: Any) -> Runtime:
 
 @kopf.on.startup()
 async def startup(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
-    config = from_env()
+    # `kopf run -m gpushare_operator.handlers` passes no memo: the environment alone then.
+    config = memo.get(_CONFIG) or load({}, os.environ)
     logs.configure(config.log_level)
     # Log lines must never become Events on users' pods, and cluster-wide watches need no
     # namespace scanning (so the RBAC role needs no namespace list).
@@ -155,6 +164,6 @@ async def freshness(*, memo: Any, **_: Any) -> dict[str, Any]:
     return {
         "synced": state.synced.is_set(),
         "leading": state.leading,
-        "seconds_since_event": {k: round(now - v, 1) for k, v in state.last_event.items()},
+        "seconds_since_event": {k: round(now - v, 1) for k, v in state.intake.last_event.items()},
         "queue": dataclasses.asdict(state.queue.depth()),
     }

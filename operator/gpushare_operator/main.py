@@ -1,8 +1,9 @@
 """`gpushare-operator`: the packaged entry point (what the Deployment runs).
 
 Each option of `gpushare_operator.config.OPTIONS` is a flag and an environment variable; an
-explicit flag wins over the environment. The operator then runs under kopf, cluster-wide
-and standalone (every replica watches; the Lease decides who binds).
+explicit flag wins over the environment. The configuration is read once, here, and handed to
+kopf's startup handler in its memo; the operator then runs under kopf, cluster-wide and
+standalone (every replica watches; the Lease decides who binds).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 import kopf
 
 from gpushare import logs
-from gpushare_operator.config import OPTIONS, ConfigError, add_flags, from_env
+from gpushare_operator.config import ConfigError, add_flags, load
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,19 +27,20 @@ def main(argv: list[str] | None = None) -> int:
         help="kopf liveness endpoint (empty to disable)",
     )
     args = parser.parse_args(argv)
-    for option in OPTIONS:
-        value = getattr(args, option.field)
-        if value is not None:
-            os.environ[option.env] = value  # what the handlers' from_env() reads
     try:
-        config = from_env()  # refuse a bad configuration before connecting anywhere
+        config = load(vars(args), os.environ)  # refused before connecting anywhere
     except ConfigError as error:
         print(f"gpushare-operator: {error}", file=sys.stderr)
         return 2
     logs.configure(config.log_level)  # kopf's own lines before the startup handler, too
-    from gpushare_operator import handlers  # noqa: F401, PLC0415  (importing registers them)
+    from gpushare_operator import handlers  # noqa: PLC0415  (importing registers them)
 
-    kopf.run(clusterwide=True, standalone=True, liveness_endpoint=args.liveness or None)
+    kopf.run(
+        clusterwide=True,
+        standalone=True,
+        liveness_endpoint=args.liveness or None,
+        memo=handlers.kopf_memo(config),
+    )
     return 0
 
 

@@ -12,7 +12,7 @@ Reports are queued and written by a few workers of their own, like kube-schedule
 broadcaster: a burst of decisions is bound first and explained right after, instead of
 every report competing with the binds for the apiserver. The queue is bounded; when it
 overflows the oldest report is dropped and logged (the pod itself is unaffected). A write
-that gets no answer, or a busy answer, is tried again for a few seconds (`_WRITE_ATTEMPTS`).
+that gets no answer, or a busy answer, is tried again for a few seconds (`retry.WRITE`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from gpushare import logs
-from gpushare.kube import ApiError, transient
-from gpushare.kube.retry import Backoff, retry
+from gpushare.kube import ApiError
+from gpushare.kube.retry import WRITE, retry
 from gpushare.model import GpuKind, Placement, PodRef, PodUid, format_card_indices
 from gpushare.model.diagnosis import format_amount
 from gpushare_operator.kubeapi import SchedulerApi
@@ -37,10 +37,6 @@ SCHEDULED = "Scheduled"
 
 _Report = Callable[[], Awaitable[None]]
 _T = TypeVar("_T")
-_WRITE_BACKOFF = Backoff(0.5, 4.0)
-_WRITE_ATTEMPTS = 5
-"""A write that had no answer (an apiserver restarting) is tried again for about 7 s: a pod
-that waits is never left without its reason until its next scheduling attempt."""
 EVENT_RENEW_S = 50 * 60.0
 """Events live an hour (kube-apiserver's --event-ttl): after this, a new one is created."""
 
@@ -164,4 +160,4 @@ class Reporter:
 
 async def _written(write: Callable[[], Awaitable[_T]]) -> _T:
     """`write()`, tried again while it has no answer or the apiserver is busy."""
-    return await retry(write, retryable=transient, backoff=_WRITE_BACKOFF, attempts=_WRITE_ATTEMPTS)
+    return await retry(write, WRITE)

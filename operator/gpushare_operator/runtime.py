@@ -1,10 +1,11 @@
-"""The operator's parts wired together, independent of kopf (its handlers only start and
-stop a Runtime, probe it and hand it the live configuration).
+"""The operator's parts wired together, and their life cycle, independent of kopf (its
+handlers only start and stop a Runtime, probe it and hand it the live configuration).
 
-`Runtime` owns the reflectors that keep the cache current (nodes, GPUNodes, pods), the
-cache, the queue, the scheduler, the status writer and the elector, and the long-running
-tasks: the reflectors and the elector always run; the decision loop and the status writer
-run only while this replica leads (or always, with leader election off).
+`Runtime` builds the cache, the queue, the intake (which every event goes through), the
+scheduler, the status writer and the elector, points the reflectors (nodes, GPUNodes, pods,
+PodGroups, PriorityClasses) at the intake, and runs the long-running tasks under one
+supervision: the reflectors, the intake's findings and the elector always; the decision loop
+and the status writer only while this replica leads (or always, with leader election off).
 """
 
 from __future__ import annotations
@@ -20,16 +21,17 @@ from typing import Any
 
 from gpushare import logs
 from gpushare.kube.reflector import DELETED, Reflector, name_of
-from gpushare.model import NodeName, PodUid, contract
-from gpushare.model.bodies import Body, path, resource_version, text
-from gpushare.model.gangs import GroupApi, group_key
+from gpushare.model import contract
+from gpushare.model.bodies import Body, path, text
+from gpushare.model.gangs import GroupApi
 from gpushare_operator.config import ConfigError, OperatorConfig, describe, with_live
 from gpushare_operator.election import LeaseElector
+from gpushare_operator.intake import Intake
 from gpushare_operator.kubeapi import SchedulerApi
 from gpushare_operator.metrics import SchedulerMetrics
 from gpushare_operator.reporting import Reporter
 from gpushare_operator.scheduler import Scheduler
-from gpushare_operator.scheduling.cache import PodChange, SchedulerCache
+from gpushare_operator.scheduling.cache import SchedulerCache
 from gpushare_operator.scheduling.gangs import GangBook
 from gpushare_operator.scheduling.podinfo import PodInfo
 from gpushare_operator.scheduling.queue import SchedulingQueue
@@ -76,6 +78,9 @@ class Runtime:
         self.queue = SchedulingQueue(config=self.current_config)
         self.gangs = GangBook()
         self.reporter = Reporter(api)
+        self.intake = Intake(
+            cache=self.cache, queue=self.queue, gangs=self.gangs, reporter=self.reporter
+        )
         self.scheduler = Scheduler(
             cache=self.cache,
             queue=self.queue,
@@ -84,7 +89,7 @@ class Runtime:
             reporter=self.reporter,
             metrics=self.metrics,
             config=self.current_config,
-            pod_event=self.pod_event,
+            findings=self.intake.findings,
         )
         self.status = StatusWriter(
             cache=self.cache,
@@ -99,27 +104,28 @@ class Runtime:
             on_started_leading=self._start_leading,
             on_stopped_leading=self._stop_leading,
         )
+        intake = self.intake
         self._pods = Reflector(
             "pods",
             api.lister("pods"),
             transform=PodInfo.parse,
-            on_event=self.pod_event,
-            on_listed=self._listed_pods,
+            on_event=intake.pod_event,
+            on_listed=intake.listed_pods,
         )
         nodes = Reflector(
             "nodes",
             api.lister("nodes"),
             transform=slim_node,
-            on_event=self.node_event,
-            on_listed=self._listed_nodes,
+            on_event=intake.node_event,
+            on_listed=intake.listed_nodes,
             key=name_of,
         )
         gpunodes = Reflector(
             "gpunodes",
             api.lister("gpunodes"),
             transform=dict,
-            on_event=self.gpunode_event,
-            on_listed=self._listed_gpunodes,
+            on_event=intake.gpunode_event,
+            on_listed=intake.listed_gpunodes,
             key=name_of,
             optional=True,
         )
@@ -129,8 +135,8 @@ class Runtime:
                 f"podgroups.{group_api.group}",
                 api.lister(group_api.name),
                 transform=dict,
-                on_event=functools.partial(self.group_event, group_api),
-                on_listed=functools.partial(self._listed_groups, group_api),
+                on_event=functools.partial(intake.group_event, group_api),
+                on_listed=functools.partial(intake.listed_groups, group_api),
                 key=_namespaced_name,
                 optional=True,
             )
@@ -140,8 +146,8 @@ class Runtime:
             "priorityclasses",
             api.lister("priorityclasses"),
             transform=dict,
-            on_event=self.priority_class_event,
-            on_listed=self._listed_priority_classes,
+            on_event=intake.priority_class_event,
+            on_listed=intake.listed_priority_classes,
             key=name_of,
             optional=True,
         )
@@ -154,11 +160,8 @@ class Runtime:
         )
         self.synced = asyncio.Event()
         self.started_at = time.monotonic()
-        self.last_event: dict[str, float] = {}
         self._leader_tasks: list[asyncio.Task[None]] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self._logged_problems: dict[str, str] = {}
-        self._versions: dict[str, int] = {}
         self._log = logs.get("operator", identity=config.identity)
 
     def current_config(self) -> OperatorConfig:
@@ -169,6 +172,7 @@ class Runtime:
     def start(self) -> None:
         self._log.info("starting", config=describe(self.config))
         self.spawn(self.initial_sync(), "initial sync")
+        self.spawn(self.intake.take_findings(), "findings")
         if self.config.leader_elect:
             self.spawn(self.elector.run(), "elector")
         else:
@@ -270,137 +274,6 @@ class Runtime:
         for reflector in self.reflectors:
             await reflector.relist()
         self._log.info("resynced", nodes=len(self.cache.node_names()), pods=self._pods.count)
-
-    def _listed_nodes(self, names: set[str], version: str) -> None:
-        for name in set(self.cache.node_names()) - names:
-            self.node_event(DELETED, {"metadata": {"name": name}})
-
-    def _listed_gpunodes(self, names: set[str], version: str) -> None:
-        for name in set(self.cache.gpunode_names()) - names:
-            self.gpunode_event(DELETED, {"metadata": {"name": name}})
-
-    def _listed_pods(self, uids: set[str], version: str) -> None:
-        """Forget the pods the cache knows that a LIST did not show, unless the cache saw
-        them in a state newer than the LIST (a pod read back after a refused bind): keeping
-        a deleted pod errs on the safe side."""
-        newest = int(version) if version.isdigit() else -1
-        for uid in self.cache.known_pod_uids() - uids:
-            if self._versions.get(f"pod/{uid}", -1) <= newest:
-                self.pod_event(DELETED, PodInfo.gone(PodUid(uid)))
-        # Pods the cache does not hold (not ours) whose deletion the watch missed.
-        for key in [key for key in self._versions if key.startswith("pod/")]:
-            if key.removeprefix("pod/") not in uids and self._versions[key] <= newest:
-                del self._versions[key]
-
-    def _stale(self, key: str, event_type: str, version: int | None) -> bool:
-        """Whether an event shows an older state than the cache already holds."""
-        if event_type == DELETED:
-            self._versions.pop(key, None)
-            return False
-        if version is None:
-            return False  # opaque: trust the order the watch delivers in
-        if version < self._versions.get(key, -1):
-            return True
-        self._versions[key] = version
-        return False
-
-    def pod_event(self, event_type: str, pod: PodInfo) -> None:
-        """The one way in for what is known of a pod: the watch's events, a LIST that no
-        longer shows it, and the scheduler's own findings (a bind refused with 404 or 409)."""
-        self.last_event["pods"] = time.monotonic()
-        uid = pod.uid
-        if self._stale(f"pod/{uid}", event_type, pod.resource_version):
-            return
-        if event_type == DELETED:
-            change = self.cache.forget_pod(uid)
-            self.reporter.forget(uid)
-            self.queue.remove(uid)
-            self._logged_problems.pop(f"pod {uid}", None)
-            group = self.gangs.forget_member(uid)
-            if group is not None:
-                self.queue.wake(group)  # its gang is judged again without it
-                if self.leading:
-                    self.scheduler.gang_shrank(group)
-        else:
-            seen = self.cache.observe_pod(pod)
-            change = seen.change
-            for message in seen.problems:
-                self._log_once(f"pod {uid}", message)
-            self.gangs.observe_member(pod)
-        if change is PodChange.PENDING:
-            self.queue.add(uid, self.gangs.priority_of(pod))
-        elif change is PodChange.BOUND:
-            self.queue.remove(uid)
-        elif change is PodChange.GONE:
-            self.queue.remove(uid)
-            self.queue.wake()
-        elif change is PodChange.ASSIGNED:
-            # Only pods of the same request were held back by the assignment wait.
-            self.queue.wake(seen.signature)
-
-    def group_event(self, group_api: GroupApi, event_type: str, body: Body) -> None:
-        """A PodGroup changed: its parked members are judged again at once."""
-        self.last_event["podgroups"] = time.monotonic()
-        key = group_key(group_api, body)
-        if self._stale(f"podgroup/{group_api.name}/{key}", event_type, resource_version(body)):
-            return
-        if event_type == DELETED:
-            self.gangs.forget_group(key)
-        else:
-            self.gangs.observe_group(group_api, body)
-        self.queue.wake(key)
-
-    def priority_class_event(self, event_type: str, body: Body) -> None:
-        """A PriorityClass a PodGroup may name (`priorityClassName`): its gang's priority."""
-        name = text(path(body, "metadata").get("name")) or ""
-        if event_type == DELETED:
-            self.gangs.forget_priority_class(name)
-        else:
-            self.gangs.observe_priority_class(name, body.get("value"))
-
-    def _listed_priority_classes(self, names: set[str], version: str) -> None:
-        for name in self.gangs.priority_class_names() - names:
-            self.gangs.forget_priority_class(name)
-
-    def _listed_groups(self, group_api: GroupApi, names: set[str], version: str) -> None:
-        for key in self.gangs.keys(group_api):
-            if f"{key.namespace}/{key.name}" not in names:
-                self.gangs.forget_group(key)
-                self.queue.wake(key)
-
-    def node_event(self, event_type: str, body: Body) -> None:
-        self.last_event["nodes"] = time.monotonic()
-        name = text(path(body, "metadata").get("name")) or ""
-        if self._stale(f"node/{name}", event_type, resource_version(body)):
-            return
-        if event_type == DELETED:
-            self.cache.forget_node(NodeName(name))
-            return
-        change = self.cache.observe_node(body)
-        if change.problem:
-            self._log_once(f"node {name}", change.problem)
-        if change.changed:
-            self.queue.wake()
-
-    def gpunode_event(self, event_type: str, body: Body) -> None:
-        self.last_event["gpunodes"] = time.monotonic()
-        name = NodeName(text(path(body, "metadata").get("name")) or "")
-        if self._stale(f"gpunode/{name}", event_type, resource_version(body)):
-            return
-        change = (
-            self.cache.forget_gpunode(name)
-            if event_type == DELETED
-            else self.cache.observe_gpunode(body)
-        )
-        if change.problem:
-            self._log_once(f"gpunode {name}", change.problem)
-        if change.changed:
-            self.queue.wake()
-
-    def _log_once(self, key: str, message: str) -> None:
-        if self._logged_problems.get(key) != message:
-            self._logged_problems[key] = message
-            self._log.warning("cannot_honour", object=key, problem=message)
 
     # -- live configuration --------------------------------------------------------------
 

@@ -5,7 +5,10 @@ place it with the model, and assume the result in the cache; only then does the 
 cycle (`_bind`) run as its own task, so the next decision sees this one at once while API
 calls overlap. A failed bind forgets the assumption and backs the pod off; a 409 or 404
 (someone else bound it, or it is gone) drops it: what the scheduler then knows of the pod
-goes in through the runtime's `pod_event`, the way the watch's events do.
+is put on the intake's `findings` queue, which the intake takes as it takes the watch's
+events (the scheduler never calls back into it). The other work the queue hands the loop, a
+gang that lost a member (`GangCheck`), is checked here: its bound members evicted if it fell
+below its minimum before it ran.
 """
 
 from __future__ import annotations
@@ -18,9 +21,16 @@ from dataclasses import dataclass
 from structlog.typing import FilteringBoundLogger
 
 from gpushare import logs
-from gpushare.kube import ApiError, transient
+from gpushare.kube import ApiError
 from gpushare.kube.reflector import DELETED, MODIFIED
-from gpushare.kube.retry import Backoff, retry
+from gpushare.kube.retry import (
+    BIND_ATTEMPTS,
+    WRITE,
+    bind_policy,
+    retry,
+    transient,
+    wait_s,
+)
 from gpushare.model import Placement, PodRef, PodUid, contract
 from gpushare.model.gangs import GroupKey, GroupSpec
 from gpushare_operator.config import OperatorConfig
@@ -31,9 +41,7 @@ from gpushare_operator.scheduling.cache import SchedulerCache
 from gpushare_operator.scheduling.decision import Plan, Refusal, plan
 from gpushare_operator.scheduling.gangs import GangBook, broken_gang, decide_gang
 from gpushare_operator.scheduling.podinfo import PodInfo
-from gpushare_operator.scheduling.queue import SchedulingQueue
-
-_BIND_ATTEMPTS = 5
+from gpushare_operator.scheduling.queue import GangCheck, SchedulingQueue
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +61,7 @@ class Scheduler:
         reporter: Reporter,
         metrics: SchedulerMetrics,
         config: Callable[[], OperatorConfig],
-        pod_event: Callable[[str, PodInfo], None],
+        findings: asyncio.Queue[tuple[str, PodInfo]],
     ) -> None:
         self.cache = cache
         self.queue = queue
@@ -62,7 +70,7 @@ class Scheduler:
         self._reporter = reporter
         self._metrics = metrics
         self._config = config
-        self._pod_event = pod_event
+        self._findings = findings
         self._in_flight: set[asyncio.Task[None]] = set()  # binds and evictions
         self._slots = asyncio.Semaphore(config().max_concurrent_binds)
         self._log = logs.get("scheduler")
@@ -71,7 +79,11 @@ class Scheduler:
         """Schedule until cancelled; in-flight binds are cancelled with it."""
         try:
             while True:
-                uid = await self.queue.pop()
+                work = await self.queue.pop()
+                if isinstance(work, GangCheck):
+                    self._check_gang(work.group)
+                    continue
+                uid = work
                 started = time.perf_counter()
                 decisions = self.schedule_one(uid)
                 self._metrics.attempt_duration.labels(
@@ -161,7 +173,7 @@ class Scheduler:
             pod.ref, message, pod.resource_version, already=pod.unschedulable
         )
 
-    def gang_shrank(self, key: GroupKey) -> None:
+    def _check_gang(self, key: GroupKey) -> None:
         """A member of the gang left (deleted, or its bind refused as gone): if the gang fell
         below its minimum before it ran, release what it holds (`broken_gang`)."""
         for pod in broken_gang(self.cache, self.gangs, key):
@@ -172,12 +184,7 @@ class Scheduler:
 
     async def _evict(self, pod: PodRef) -> None:
         try:
-            await retry(
-                lambda: self._api.evict(pod),
-                retryable=transient,
-                backoff=Backoff(0.5, 4.0),
-                attempts=_BIND_ATTEMPTS,
-            )
+            await retry(lambda: self._api.evict(pod), WRITE)
         except (ApiError, OSError, TimeoutError) as error:
             if not isinstance(error, ApiError) or error.status != 404:
                 self._log.warning("evict_failed", pod=str(pod), error=str(error))
@@ -207,8 +214,9 @@ class Scheduler:
         config = self._config()
         # Not `retry`: each refusal has its own outcome below, and the last failure, too, is
         # logged and waits its delay (the assumption held meanwhile) before the requeue.
-        delays = Backoff(config.backoff_initial_s, config.backoff_max_s).delays(_BIND_ATTEMPTS)
-        for attempt, delay in enumerate(delays, start=1):
+        policy = bind_policy(config.backoff_initial_s, config.backoff_max_s)
+        delays = policy.backoff.delays()  # one after each failure, the last one's too
+        for attempt in range(1, BIND_ATTEMPTS + 1):
             try:
                 async with asyncio.timeout(config.bind_timeout_s):
                     await self._api.bind(pod, node, annotations)
@@ -216,7 +224,7 @@ class Scheduler:
             except ApiError as error:
                 if error.status == 404:  # deleted meanwhile
                     self._dropped(pod, log, error)
-                    self._pod_event(DELETED, decision.pod)
+                    self._findings.put_nowait((DELETED, decision.pod))
                     return
                 if error.status == 409:
                     # Already bound: by our own earlier attempt, or by a previous leader the
@@ -225,15 +233,17 @@ class Scheduler:
                     self._dropped(pod, log, error)
                     await self._read_back(decision.pod, log)
                     return
-                if error.status < 500 and error.status != 429:
+                if not transient(error):
                     self._requeue(pod, log, f"{error.status}: {error.message}")
                     return
-                log.warning("bind_retry", attempt=attempt, error=str(error))
-            except (TimeoutError, OSError) as error:
-                log.warning("bind_retry", attempt=attempt, error=repr(error))
+                failure: Exception = error
+            except (TimeoutError, OSError) as unanswered:
+                failure = unanswered
+            delay = wait_s(next(delays), failure)
+            log.warning("bind_retry", attempt=attempt, error=repr(failure), retry_in_s=delay)
             await asyncio.sleep(delay)
         else:
-            self._requeue(pod, log, f"no answer after {_BIND_ATTEMPTS} attempts")
+            self._requeue(pod, log, f"no answer after {BIND_ATTEMPTS} attempts")
             return
         self.queue.remove(pod.uid)
         self._metrics.attempts.labels("scheduled").inc()
@@ -250,9 +260,9 @@ class Scheduler:
             log.warning("read_back_failed", error=str(error))  # the watch will correct it
             return
         if body is None:
-            self._pod_event(DELETED, pod)
+            self._findings.put_nowait((DELETED, pod))
         else:
-            self._pod_event(MODIFIED, PodInfo.parse(body))
+            self._findings.put_nowait((MODIFIED, PodInfo.parse(body)))
 
     def _dropped(self, pod: PodRef, log: FilteringBoundLogger, error: ApiError) -> None:
         self.queue.remove(pod.uid)

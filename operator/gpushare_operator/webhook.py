@@ -16,20 +16,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime
-import ipaddress
 import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-from gpushare import logs
+from gpushare import certs, logs
 from gpushare.kube import ApiError
-from gpushare.kube.retry import Backoff
+from gpushare.kube.retry import PUBLISH
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.kubeapi import KubeSchedulerApi
 
@@ -53,49 +47,10 @@ class ServingFiles:
 
 def issue(hosts: Iterable[str]) -> dict[str, bytes]:
     """A CA and a serving certificate for `hosts` (DNS names or IPs), PEM encoded."""
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpushare-webhook-ca")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + _VALID)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    names: list[x509.GeneralName] = []
-    for host in sorted(hosts):
-        try:
-            names.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            names.append(x509.DNSName(host))
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, sorted(hosts)[0])])
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + _VALID)
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    return {
-        CA_KEY: ca.public_bytes(serialization.Encoding.PEM),
-        CERT_KEY: cert.public_bytes(serialization.Encoding.PEM),
-        KEY_KEY: key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        ),
-    }
+    names = sorted(hosts)
+    ca = certs.new_ca("gpushare-webhook-ca", valid=_VALID)
+    serving = certs.issue(ca, names[0], hosts=names, valid=_VALID)
+    return {CA_KEY: ca.cert, CERT_KEY: serving.cert, KEY_KEY: serving.key}
 
 
 def _hosts_value(hosts: Iterable[str]) -> str:
@@ -106,7 +61,7 @@ async def shared_certificate(api: KubeSchedulerApi, config: OperatorConfig) -> d
     """The Secret's CA and serving certificate, made first if absent or made for other names."""
     namespace, name = config.lease_namespace, config.webhook_secret
     wanted = _hosts_value(config.webhook_hosts)
-    for backoff in Backoff(initial_s=0.5, max_s=5.0).delays():
+    for backoff in PUBLISH.delays():
         secret = await api.read_secret(namespace, name)
         annotations = (secret or {}).get("metadata", {}).get("annotations") or {}
         data = (secret or {}).get("data") or {}

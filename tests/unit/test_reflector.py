@@ -15,6 +15,7 @@ import pytest
 
 from gpushare.kube import reflector as reflector_module
 from gpushare.kube.reflector import Reflector, name_of
+from gpushare.kube.retry import Backoff, RetryPolicy
 
 pytestmark = pytest.mark.asyncio
 
@@ -111,7 +112,7 @@ async def until(holds: Callable[[], bool]) -> None:
 
 @pytest.fixture(autouse=True)
 def quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(reflector_module, "BACKOFF_MIN_S", 0.01)
+    monkeypatch.setattr(reflector_module, "WATCH", RetryPolicy("watch", Backoff(0.01, 30.0)))
 
 
 async def reflecting(apiserver: Apiserver, owner: Owner) -> Reflector[dict[str, Any]]:

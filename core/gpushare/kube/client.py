@@ -19,29 +19,7 @@ import aiohttp
 from kubernetes_asyncio import client, config
 
 from gpushare.kube import protobuf
-
-
-class ApiError(Exception):
-    """A Kubernetes API call answered with an error status."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}")
-        self.status = status
-        self.message = message
-
-
-class ApiUnreachable(ConnectionError):
-    """The apiserver did not answer a call: the connection failed or broke off (it is
-    restarting, say). An OSError, as a refused connection is, so one `except OSError` covers
-    every way a call can go unanswered; whether the call took effect is unknown."""
-
-
-def transient(error: Exception) -> bool:
-    """Whether a call that failed with `error` may succeed if made again as it was: no answer
-    came, or the apiserver asked to wait (429) or failed (5xx)."""
-    if isinstance(error, ApiError):
-        return error.status == 429 or error.status >= 500
-    return isinstance(error, OSError | TimeoutError)
+from gpushare.kube.errors import ApiError, ApiUnreachable, api_error
 
 
 async def raw_json(call: Awaitable[object]) -> dict[str, Any]:
@@ -83,7 +61,7 @@ async def _answer(call: Awaitable[object]) -> bytes:
         # ServerDisconnectedError, ClientPayloadError ...: not OSErrors, but no answer either.
         raise ApiUnreachable(f"{type(error).__name__}: {error}") from error
     if response.status >= 300:
-        raise ApiError(response.status, _status_message(body))
+        raise api_error(response.status, response.headers, body)
     return body
 
 
@@ -103,22 +81,6 @@ async def read_pod(
             return None
         raise
     return body if body.get("metadata", {}).get("uid") == uid else None
-
-
-def _status_message(body: bytes) -> str:
-    """The `message` of a Kubernetes Status body (JSON or protobuf), else the body as text."""
-    try:
-        return protobuf.field(body, 3)  # Status.message
-    except ValueError:
-        pass
-    text = body.decode(errors="replace")
-    try:
-        decoded = json.loads(text)
-    except ValueError:
-        return text
-    if isinstance(decoded, dict) and isinstance(decoded.get("message"), str):
-        return str(decoded["message"])
-    return text
 
 
 async def api_client(

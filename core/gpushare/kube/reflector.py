@@ -25,8 +25,9 @@ from typing import Any, Generic, TypeVar, cast
 import aiohttp
 
 from gpushare import logs
-from gpushare.kube.client import ApiError, raw_json
-from gpushare.kube.retry import Backoff
+from gpushare.kube.client import raw_json
+from gpushare.kube.errors import ApiError, api_error
+from gpushare.kube.retry import WATCH, wait_s
 
 ListCall = Callable[..., Awaitable[object]]
 """A kubernetes_asyncio list method with its selectors bound (functools.partial)."""
@@ -40,8 +41,9 @@ MODIFIED = "MODIFIED"
 PAGE_SIZE = 500  # client-go's pager uses the same
 LIST_TIMEOUT_S = 300  # a LIST of a large cluster is slow
 WATCH_S = 300
-BACKOFF_MIN_S = 0.5
-BACKOFF_MAX_S = 30.0
+NOT_SERVED_S = 30.0
+"""How often an optional resource the apiserver does not serve (a CRD not installed) is
+looked for again."""
 QUICK_END_S = 1.0
 """A watch the server ends sooner than this, with nothing in it, is retried after a pause."""
 
@@ -105,7 +107,7 @@ async def watch(call: ListCall, resource_version: str) -> AsyncIterator[tuple[st
         if response.status == 410:
             raise WatchExpired(await response.text())
         if response.status >= 300:
-            raise ApiError(response.status, await response.text())
+            raise api_error(response.status, response.headers, await response.read())
         async for line in _lines(response.content):
             event = json.loads(line)
             obj = event.get("object") if isinstance(event, dict) else None
@@ -207,14 +209,13 @@ class Reflector(Generic[T]):
         """List and watch for ever (cancel to stop); `start` runs it as a task of its own.
         Not `retry`: what a failure means (watch again, or LIST anew) depends on the error,
         and the delays start over after each LIST and each watch that delivered."""
-        backoff = Backoff(BACKOFF_MIN_S, BACKOFF_MAX_S)
-        delays = backoff.delays()
+        delays = WATCH.delays()
         version = ""  # none yet: LIST first
         while True:
             try:
                 if not version:
                     version = await self._list()
-                    delays = backoff.delays()
+                    delays = WATCH.delays()
                 opened, events = time.monotonic(), 0
                 async for event_type, body in watch(self._call, version):
                     events += 1
@@ -222,7 +223,7 @@ class Reflector(Generic[T]):
                     if event_type != "BOOKMARK":
                         self._deliver(event_type, body)
                 if events or time.monotonic() - opened >= QUICK_END_S:
-                    delays = backoff.delays()
+                    delays = WATCH.delays()
                 else:  # ended at once: do not hammer the server
                     await self._back_off("watch ended at once", delays)
             except WatchExpired as expired:
@@ -230,10 +231,10 @@ class Reflector(Generic[T]):
                 version = ""
             except ApiError as error:
                 if error.status == 404 and self._optional:
-                    self._log.info("not_served", error=error.message, retry_in_s=BACKOFF_MAX_S)
+                    self._log.info("not_served", error=error.message, retry_in_s=NOT_SERVED_S)
                     self._handed_over(set(), "")
                     version = ""
-                    await asyncio.sleep(BACKOFF_MAX_S)
+                    await asyncio.sleep(NOT_SERVED_S)
                     continue
                 await self._back_off(error, delays)
             except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
@@ -280,7 +281,7 @@ class Reflector(Generic[T]):
     async def _back_off(
         self, error: Exception | str, delays: Iterator[float], *, unforeseen: bool = False
     ) -> None:
-        delay = next(delays)
+        delay = wait_s(next(delays), error if isinstance(error, Exception) else None)
         reason = error if isinstance(error, str) else str(error) or type(error).__name__
         self._log.warning("watch_failed", error=reason, retry_in_s=delay, exc_info=unforeseen)
         await asyncio.sleep(delay)

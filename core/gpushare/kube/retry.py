@@ -1,10 +1,21 @@
-"""Trying again, written once: how long to wait between tries (`Backoff`), one call tried
-until it answers (`retry`), and a wait that a stop event cuts short (`pause`).
+"""Trying again, in one place: which failures are worth another try (`transient`), how long to
+wait before it (`RetryPolicy`, at least what the apiserver asked: `wait_s`), the named
+policies every loop of gpushare uses, one call tried until it answers (`retry`), and a wait
+that a stop event cuts short (`pause`).
 
-Every loop of gpushare that tries something again uses these: the reflector, the scheduler's
-bind, the scheduling queue's backoff, the CLI's reads, the device plugin's `gpu-assigned`
-write, its serving loop and its first inventory publication. Each keeps its own delays,
-attempt count and log lines; only the arithmetic and the waiting live here.
+The policies, by what is tried again:
+
+| policy | for | delays | tries |
+| --- | --- | --- | --- |
+| `bind_policy(...)` | the scheduler's Binding | the live backoff settings | 5 |
+| `WRITE` | Events, PodScheduled, evictions, `gpu-assigned` | 0.5 s to 4 s | 5 |
+| `READ` | the CLI's reads | 0.25 s to 2 s | 8 |
+| `PUBLISH` | written once before serving: GPUNode, webhook Secret | 0.5 s to 5 s | until done |
+| `REGISTER` | the device plugin's sockets and registration | 1 s to 30 s | until done |
+| `WATCH` | a reflector's LIST and WATCH | 0.5 s to 30 s | until done |
+
+A loop whose failures have outcomes of their own (a refused bind requeues the pod, an expired
+watch lists anew) keeps its loop, and takes its delays and its `transient` from here.
 """
 
 from __future__ import annotations
@@ -17,11 +28,15 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
+from gpushare.kube.errors import ApiError
+
 _T = TypeVar("_T")
 
 FACTOR = 2.0
 """Each delay is this many times the one before (until the maximum)."""
 _MAX_EXPONENT = 64
+RETRY_AFTER_MAX_S = 60.0
+"""The longest a Retry-After is honoured: an apiserver asking for more is waited for this."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,19 +72,63 @@ class Backoff:
         return delay * (1 + random.uniform(-self.jitter, self.jitter))  # noqa: S311  # not a secret
 
 
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How one kind of call is tried again: the delays between tries, and how many tries in
+    all (None: until it succeeds)."""
+
+    name: str
+    backoff: Backoff
+    attempts: int | None = None
+
+    def delays(self) -> Iterator[float]:
+        """The delay before each try after the first: `attempts - 1` of them, or for ever."""
+        return self.backoff.delays(None if self.attempts is None else self.attempts - 1)
+
+
+BIND_ATTEMPTS = 5
+WRITE = RetryPolicy("write", Backoff(0.5, 4.0), attempts=5)
+"""About 7 s of tries: an apiserver restarting is ridden out, a pod never left without its
+report or its `gpu-assigned` while the kubelet waits."""
+READ = RetryPolicy("read", Backoff(0.25, 2.0), attempts=8)
+"""About 10 s: an apiserver starting or overloaded."""
+PUBLISH = RetryPolicy("publish", Backoff(0.5, 5.0))
+REGISTER = RetryPolicy("register", Backoff(1.0, 30.0))
+WATCH = RetryPolicy("watch", Backoff(0.5, 30.0))
+
+
+def bind_policy(initial_s: float, max_s: float) -> RetryPolicy:
+    """The Binding's: the operator's live backoff settings (`--backoff-initial`, `-max`)."""
+    return RetryPolicy("bind", Backoff(initial_s, max_s), attempts=BIND_ATTEMPTS)
+
+
+def transient(error: BaseException) -> bool:
+    """Whether a call that failed with `error` may succeed if made again as it was: no answer
+    came (an OSError, a timeout), or the apiserver asked to wait (429) or failed (5xx)."""
+    if isinstance(error, ApiError):
+        return error.status == 429 or error.status >= 500
+    return isinstance(error, OSError | TimeoutError)
+
+
+def wait_s(delay: float, error: BaseException | None) -> float:
+    """How long to wait before the next try: the policy's `delay`, or longer when the
+    apiserver asked for it (Retry-After, up to `RETRY_AFTER_MAX_S`)."""
+    asked = error.retry_after_s if isinstance(error, ApiError) else None
+    return delay if asked is None else max(delay, min(asked, RETRY_AFTER_MAX_S))
+
+
 async def retry(
     call: Callable[[], Awaitable[_T]],
+    policy: RetryPolicy,
     *,
-    retryable: Callable[[Exception], bool],
-    backoff: Backoff,
-    attempts: int | None = None,
+    retryable: Callable[[Exception], bool] = transient,
     on_retry: Callable[[int, Exception, float], None] | None = None,
 ) -> _T:
-    """`call()`'s answer, calling again after the next delay of `backoff` while it raises an
-    error that is `retryable`, up to `attempts` calls in all (None: for ever). Any other error,
-    or the last attempt's, is raised as it is. `on_retry(attempt, error, delay)` is told of
-    each failure that is tried again, before the wait (to log it)."""
-    delays = backoff.delays(None if attempts is None else attempts - 1)
+    """`call()`'s answer, calling again after `policy`'s next delay (or the apiserver's
+    Retry-After) while it raises an error that is `retryable`, up to the policy's tries. Any
+    other error, or the last try's, is raised as it is. `on_retry(attempt, error, delay)` is
+    told of each failure that is tried again, before the wait (to log it)."""
+    delays = policy.delays()
     for attempt in itertools.count(1):
         try:
             return await call()
@@ -77,6 +136,7 @@ async def retry(
             delay = next(delays, None) if retryable(error) else None
             if delay is None:
                 raise
+            delay = wait_s(delay, error)
             if on_retry is not None:
                 on_retry(attempt, error, delay)
         await asyncio.sleep(delay)

@@ -13,6 +13,10 @@ Three places, as in kube-scheduler's PriorityQueue:
   A keyed wake (the assignment of the pod a same-request pod waits for) is the one event
   such a pod waits on, once per assignment: it is tried at once.
 
+Beside pods, the decision loop takes one other kind of work from here: a gang that lost a
+member, to check whether what it holds must be released (`check_gang`, `GangCheck`); the
+intake queues it, the loop acts on it, before the next pod.
+
 Time comes from an injected clock, so tests drive it without sleeping.
 """
 
@@ -27,7 +31,15 @@ from dataclasses import dataclass
 
 from gpushare.kube.retry import Backoff
 from gpushare.model import PodUid
+from gpushare.model.gangs import GroupKey
 from gpushare_operator.config import OperatorConfig
+
+
+@dataclass(frozen=True, slots=True)
+class GangCheck:
+    """A gang lost a member: check it (`gangs.broken_gang`) before the next pod."""
+
+    group: GroupKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +69,7 @@ class SchedulingQueue:
         self._tried_at: dict[PodUid, float] = {}
         self._attempts: dict[PodUid, int] = {}
         self._priority: dict[PodUid, int] = {}
+        self._gang_checks: dict[GroupKey, None] = {}  # in order, each once
         self._changed = asyncio.Event()
 
     def add(self, uid: PodUid, priority: int = 0) -> None:
@@ -127,6 +140,11 @@ class SchedulingQueue:
                 else:
                     self._activate(uid)
 
+    def check_gang(self, group: GroupKey) -> None:
+        """Queue a check of `group`, which lost a member."""
+        self._gang_checks[group] = None
+        self._changed.set()
+
     def depth(self) -> Depth:
         return Depth(
             active=len(self._in_active), backoff=len(self._ready_at), parked=len(self._parked)
@@ -160,10 +178,14 @@ class SchedulingQueue:
             return None
         return max(0.0, min(dues) - self._clock())
 
-    async def pop(self) -> PodUid:
-        """Wait for the next pod to try."""
+    async def pop(self) -> PodUid | GangCheck:
+        """Wait for the next work: a gang to check, else the next pod to try."""
         while True:
             self._changed.clear()
+            if self._gang_checks:
+                group = next(iter(self._gang_checks))
+                del self._gang_checks[group]
+                return GangCheck(group)
             uid = self.pop_ready()
             if uid is not None:
                 return uid

@@ -1,5 +1,5 @@
-"""The one backoff and retry every retry loop uses: its delays, its attempt count, which
-errors it tries again, and a wait that a stop event cuts short."""
+"""The one retry home every retry loop uses: its delays, its attempt count, which errors it
+tries again, the apiserver's Retry-After, and a wait that a stop event cuts short."""
 
 from __future__ import annotations
 
@@ -8,7 +8,17 @@ import itertools
 
 import pytest
 
-from gpushare.kube.retry import Backoff, pause, retry
+from gpushare.kube import ApiError, ApiUnreachable
+from gpushare.kube.errors import api_error
+from gpushare.kube.retry import (
+    RETRY_AFTER_MAX_S,
+    Backoff,
+    RetryPolicy,
+    pause,
+    retry,
+    transient,
+    wait_s,
+)
 
 NO_WAIT = Backoff(initial_s=0.0, max_s=0.0)
 
@@ -50,9 +60,8 @@ async def test_retry_calls_again_while_the_error_is_retryable() -> None:
 
     result = await retry(
         call,
+        RetryPolicy("test", NO_WAIT, attempts=5),
         retryable=lambda error: isinstance(error, TimeoutError),
-        backoff=NO_WAIT,
-        attempts=5,
         on_retry=lambda attempt, error, delay: seen.append((attempt, str(error), delay)),
     )
     assert result == "answer"
@@ -72,9 +81,8 @@ async def calls_until_raised(error: Exception) -> int:
     with pytest.raises(type(error)):
         await retry(
             failing,
+            RetryPolicy("test", NO_WAIT, attempts=3),
             retryable=lambda error: isinstance(error, TimeoutError),
-            backoff=NO_WAIT,
-            attempts=3,
         )
     return calls
 
@@ -92,3 +100,51 @@ async def test_pause_ends_early_when_stopped() -> None:
     assert await pause(0.0) is False
     asyncio.get_running_loop().call_later(0.01, stop.set)
     assert await asyncio.wait_for(pause(60, stop), 5) is True
+
+
+@pytest.mark.parametrize(
+    ("error", "worth_it"),
+    [
+        (ApiError(429, "too many requests"), True),
+        (ApiError(500, "etcd"), True),
+        (ApiError(503, "storage is (re)initializing"), True),
+        (ApiUnreachable("reset"), True),
+        (TimeoutError(), True),
+        (ApiError(403, "forbidden"), False),
+        (ApiError(409, "conflict"), False),
+        (ApiError(422, "invalid"), False),
+        (KeyError("a bug"), False),
+    ],
+)
+def test_only_errors_that_may_pass_as_they_are_are_tried_again(
+    error: Exception, worth_it: bool
+) -> None:
+    assert transient(error) is worth_it
+
+
+def test_the_apiservers_retry_after_is_honoured_from_its_header_or_its_status() -> None:
+    header = api_error(429, {"Retry-After": "3"}, b'{"message": "slow down"}')
+    assert header.message == "slow down"
+    assert wait_s(0.5, header) == 3.0
+    assert wait_s(5.0, header) == 5.0  # never shorter than the policy's own delay
+    body = b'{"message": "storage is (re)initializing", "details": {"retryAfterSeconds": 2}}'
+    assert wait_s(0.5, api_error(503, {}, body)) == 2.0
+    assert wait_s(0.5, api_error(429, {"Retry-After": "86400"}, b"")) == RETRY_AFTER_MAX_S
+    assert wait_s(0.5, api_error(503, {"Retry-After": "soon"}, b"")) == 0.5
+    assert wait_s(0.5, TimeoutError()) == 0.5
+
+
+@pytest.mark.asyncio
+async def test_retry_waits_what_the_apiserver_asked() -> None:
+    answers: list[object] = [api_error(429, {"Retry-After": "0"}, b""), "answer"]
+    seen: list[float] = []
+
+    async def call() -> str:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return str(answer)
+
+    policy = RetryPolicy("test", Backoff(initial_s=0.0, max_s=0.0), attempts=2)
+    assert await retry(call, policy, on_retry=lambda _a, _e, delay: seen.append(delay)) == "answer"
+    assert seen == [0.0]

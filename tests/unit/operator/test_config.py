@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import fields, replace
 
 import pytest
@@ -15,27 +16,28 @@ from gpushare_operator.config import (
     ConfigError,
     OperatorConfig,
     add_flags,
-    from_env,
     live_view,
+    load,
     with_live,
 )
 from gpushare_operator.main import main
 
 
 def test_defaults_serve_volcano_pods_with_bestfit() -> None:
-    config = from_env({})
+    config = load({}, {})
     assert config.scheduler_names == {"volcano"}
     assert config.policy is Policy.BESTFIT
     assert config.leader_elect is True
 
 
 def test_the_environment_overrides_defaults() -> None:
-    config = from_env(
+    config = load(
+        {},
         {
             "GPUSHARE_SCHEDULER_NAMES": "volcano, gpushare",
             "GPUSHARE_POLICY": "firstfit",
             "GPUSHARE_LEADER_ELECT": "false",
-        }
+        },
     )
     assert config.scheduler_names == {"volcano", "gpushare"}
     assert config.policy is Policy.FIRSTFIT
@@ -44,12 +46,13 @@ def test_the_environment_overrides_defaults() -> None:
 
 def test_every_bad_value_is_reported_at_once() -> None:
     with pytest.raises(ConfigError) as caught:
-        from_env(
+        load(
+            {},
             {
                 "GPUSHARE_POLICY": "worstfit",
                 "GPUSHARE_BIND_TIMEOUT": "-3",
                 "GPUSHARE_METRICS_PORT": "http",
-            }
+            },
         )
     message = str(caught.value)
     assert "GPUSHARE_POLICY='worstfit': must be bestfit, firstfit, binpack or spread" in message
@@ -126,12 +129,23 @@ def test_main_refuses_a_bad_flag_before_connecting_and_a_flag_wins_over_the_envi
     monkeypatch.setenv("GPUSHARE_POLICY", "bestfit")
     assert main(["--bind-timeout", "5", "--policy", "worstfit"]) == 2
     refusal = capsys.readouterr().err
-    assert "GPUSHARE_POLICY='worstfit'" in refusal
+    assert "--policy='worstfit'" in refusal  # where the bad value came from
     assert "GPUSHARE_BIND_TIMEOUT" not in refusal
+    assert os.environ["GPUSHARE_POLICY"] == "bestfit"  # flags are not written back
+
+
+def test_one_path_reads_a_flag_over_its_variable_over_the_default() -> None:
+    config = load(
+        {"policy": "spread", "bind_timeout_s": None},
+        {"GPUSHARE_POLICY": "firstfit", "GPUSHARE_BIND_TIMEOUT": "7"},
+    )
+    assert config.policy is Policy.SPREAD
+    assert config.bind_timeout_s == 7
+    assert config.backoff_max_s == OperatorConfig().backoff_max_s
 
 
 def test_the_published_configuration_reads_back_as_the_same_decisions() -> None:
-    config = from_env({"GPUSHARE_POLICY": "firstfit", "GPUSHARE_SCHEDULER_NAMES": "b,a"})
+    config = load({}, {"GPUSHARE_POLICY": "firstfit", "GPUSHARE_SCHEDULER_NAMES": "b,a"})
     published = live_view(config)
     assert published["policy"] == "firstfit"
     assert published["schedulerNames"] == ["a", "b"]

@@ -11,8 +11,13 @@ from gpushare.model.allocation import VisibleDevices
 from gpushare_plugin.config import DEFAULT_SOCKET_DIR, ConfigError, load, parser
 
 
+def flags(*argv: str) -> dict[str, str | None]:
+    """The flags as the plugin's parser reads them from its command line."""
+    return vars(parser().parse_args(list(argv)))
+
+
 def test_defaults_need_only_the_node_name() -> None:
-    config = load([], {"NODE_NAME": "gpu-node-1"})
+    config = load({}, {"NODE_NAME": "gpu-node-1"})
     assert config.node_name == "gpu-node-1"
     assert config.socket_dir == DEFAULT_SOCKET_DIR
     assert config.gpu_memory_factor == contract.DEFAULT_MEMORY_UNIT_MIB
@@ -25,11 +30,11 @@ def test_defaults_need_only_the_node_name() -> None:
 
 def test_a_flag_wins_over_its_variable() -> None:
     env = {"NODE_NAME": "a", "GPU_MEMORY_FACTOR": "4", "GPUSHARE_VISIBLE_DEVICES": "uuid"}
-    config = load(["--node-name", "b", "--gpu-memory-factor", "auto"], env)
+    config = load(flags("--node-name", "b", "--gpu-memory-factor", "auto"), env)
     assert config.node_name == "b"
     assert config.gpu_memory_factor is None  # auto
     assert config.visible_devices is VisibleDevices.UUID
-    assert load([], env).gpu_memory_factor == 4
+    assert load({}, env).gpu_memory_factor == 4
 
 
 def test_every_problem_is_reported_at_once() -> None:
@@ -41,13 +46,13 @@ def test_every_problem_is_reported_at_once() -> None:
         "GPUSHARE_SOCKET_DIR": "/" + "d" * 100,
     }
     with pytest.raises(ConfigError) as refused:
-        load([], env)
+        load({}, env)
     message = str(refused.value)
     for part in (
         "NODE_NAME is required",
-        "--gpu-memory-factor='0'",
-        "--visible-devices='name'",
-        "--metrics-port='http'",
+        "GPU_MEMORY_FACTOR='0'",
+        "GPUSHARE_VISIBLE_DEVICES='name'",
+        "GPUSHARE_METRICS_PORT='http'",
         "'sometimes'",
         "too long",
     ):
@@ -55,7 +60,7 @@ def test_every_problem_is_reported_at_once() -> None:
 
 
 def test_the_kubeconfig_comes_from_its_variable() -> None:
-    config = load([], {"NODE_NAME": "n", "KUBECONFIG": "/etc/kube/config"})
+    config = load({}, {"NODE_NAME": "n", "KUBECONFIG": "/etc/kube/config"})
     assert config.kubeconfig == Path("/etc/kube/config")
 
 
@@ -72,7 +77,7 @@ def test_the_health_options_make_one_policy() -> None:
         "DP_DISABLE_HEALTHCHECKS": "xids",
         "GPUSHARE_HEALTH_RECOVERY_SECONDS": "7",
     }
-    config = load(["--allocate-wait-seconds", "0"], env)
+    config = load(flags("--allocate-wait-seconds", "0"), env)
     assert not config.health.enabled
     assert config.health.recovery_s == 7
     assert config.allocate_wait_s == 0

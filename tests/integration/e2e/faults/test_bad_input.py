@@ -187,7 +187,7 @@ async def test_hostile_input_harms_no_one_and_forged_annotations_never_win_a_car
     direct["spec"]["nodeName"] = "gpu"
     await create_pod(core, direct)
     refused = await asyncio.to_thread(node.kubelet.wait_rejected, "default/direct")
-    assert "default/direct" in refused["message"]
+    assert "without volcano.sh/gpu-index from the gpushare scheduler" in refused["message"]
     assert not node.kubelet.started("default/direct")
 
     # Both keep running and answer; every card holds at most what it has.
