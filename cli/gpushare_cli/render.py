@@ -8,7 +8,14 @@ from typing import Any
 
 from gpushare.model import GpuKind, Placement, contract
 from gpushare.model.diagnosis import CardProblem, NodeVerdict, format_amount
-from gpushare_cli.report import Bound, CardReport, Explanation, NodeReport, Placeable
+from gpushare_cli.report import (
+    Bound,
+    CardReport,
+    Explanation,
+    NodeReport,
+    Placeable,
+    PodOnCard,
+)
 
 # -- inspect ---------------------------------------------------------------------------------
 
@@ -29,8 +36,14 @@ def inspect_json(report: Sequence[NodeReport]) -> list[dict[str, Any]]:
                     "health": _health(card),
                     "usedMiB": card.used_mib,
                     "totalMiB": card.total_mib,
+                    "measuredMiB": card.measured_mib,
                     "pods": [
-                        {"namespace": pod.namespace, "name": pod.name, "mib": pod.mib}
+                        {
+                            "namespace": pod.namespace,
+                            "name": pod.name,
+                            "mib": pod.mib,
+                            "measuredMiB": pod.measured_mib,
+                        }
                         for pod in card.pods
                     ],
                 }
@@ -45,7 +58,7 @@ def render_inspect(report: Sequence[NodeReport], detail: bool) -> str:
     if not report:
         return "no GPU nodes"
     if detail:
-        rows = [("NODE", "CARD", "MODEL", "USED/TOTAL MiB", "HEALTH", "PODS")]
+        rows = [("NODE", "CARD", "MODEL", "USED/TOTAL MiB", "MEASURED MiB", "HEALTH", "PODS")]
         for node in report:
             for i, card in enumerate(node.cards):
                 rows.append(
@@ -54,11 +67,12 @@ def render_inspect(report: Sequence[NodeReport], detail: bool) -> str:
                         str(card.index),
                         card.model,
                         f"{card.used_mib}/{card.total_mib}",
+                        "-" if card.measured_mib is None else str(card.measured_mib),
                         _health(card),
-                        ", ".join(f"{p.namespace}/{p.name} {p.mib} MiB" for p in card.pods) or "-",
+                        ", ".join(_pod_on_card(p) for p in card.pods) or "-",
                     )
                 )
-            rows.append(("", "total", "", f"{node.used_mib}/{node.total_mib}", "", ""))
+            rows.append(("", "total", "", f"{node.used_mib}/{node.total_mib}", "", "", ""))
         return table(rows)
     most = max(len(node.cards) for node in report)
     head = ("NODE", *(f"GPU{i}(Used/Total)" for i in range(most)), "GPU MEMORY MiB")
@@ -82,6 +96,15 @@ def render_inspect(report: Sequence[NodeReport], detail: bool) -> str:
             else ""
         )
     )
+
+
+def _pod_on_card(pod: PodOnCard) -> str:
+    """`ns/name 1024 MiB`, and what it holds there when measured: `(uses 3000, over)`."""
+    shown = f"{pod.namespace}/{pod.name} {pod.mib} MiB"
+    if pod.measured_mib is None:
+        return shown
+    over = ", over" if pod.measured_mib > pod.mib else ""
+    return f"{shown} (uses {pod.measured_mib}{over})"
 
 
 def _health(card: CardReport) -> str:

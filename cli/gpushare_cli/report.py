@@ -30,6 +30,7 @@ from gpushare.model import (
 )
 from gpushare.model.bodies import Body, annotations_of, path, text
 from gpushare.model.gangs import group_of
+from gpushare.model.measured import MeasuredUsage, measured_of
 from gpushare.model.usage import CardUsage
 from gpushare_cli.errors import CliError
 from gpushare_cli.read import Cluster
@@ -60,6 +61,8 @@ class PodOnCard:
     name: str
     mib: int
     """What it holds on the card: its gpu-memory, or the whole card for a gpu-number pod."""
+    measured_mib: int | None = None
+    """What its processes hold there, as the device plugin last measured (None: unmeasured)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -72,6 +75,8 @@ class CardReport:
     total_mib: int
     pods: tuple[PodOnCard, ...]
     """The pods holding the card, by namespace and name."""
+    measured_mib: int | None = None
+    """What the processes on the card hold, measured (None: the plugin has not measured)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -96,6 +101,10 @@ def inspect(cluster: Cluster, node: str | None, *, namespace: str | None) -> lis
     The cards' pods listed: those of `namespace`, or of every namespace (None); the memory
     counts every pod."""
     ledger = build_cache(cluster).ledger
+    measured = {
+        text(path(resource, "metadata").get("name")) or "": measured_of(resource)
+        for resource in cluster.gpunodes
+    }
     names = sorted(ledger.nodes())
     if node is not None:
         wanted = NodeName(node)
@@ -105,11 +114,24 @@ def inspect(cluster: Cluster, node: str | None, *, namespace: str | None) -> lis
             problem = ledger.nodes_without_gpu()[wanted]
             raise CliError(f"node {node} has no GPU" + (f": {problem}" if problem else ""))
         names = [wanted]
-    return [_node_report(ledger, ledger.nodes()[name], namespace) for name in names]
+    return [
+        _node_report(ledger, ledger.nodes()[name], namespace, measured.get(name)) for name in names
+    ]
 
 
-def _node_report(ledger: Ledger, usage: NodeUsage, namespace: str | None) -> NodeReport:
+def _node_report(
+    ledger: Ledger, usage: NodeUsage, namespace: str | None, measured: MeasuredUsage | None
+) -> NodeReport:
     unit = usage.inventory.unit_mib
+
+    def used_by(index: CardIndex, pod: PodRef | None) -> int | None:
+        if measured is None:
+            return None
+        uses = [u for u in measured.containers if u.card == index]
+        if pod is None:
+            return sum(u.used_mib for u in uses) + measured.unmapped_mib.get(index, 0)
+        return sum(u.used_mib for u in uses if u.pod.uid == pod.uid)
+
     return NodeReport(
         node=usage.inventory.node,
         source=usage.inventory.source,
@@ -125,25 +147,30 @@ def _node_report(ledger: Ledger, usage: NodeUsage, namespace: str | None) -> Nod
                 pods=tuple(
                     sorted(
                         (
-                            _on_card(ledger, uid, pod, held, unit)
+                            _on_card(ledger, uid, pod, held, unit, used_by(index, pod))
                             for uid, pod in held.pods.items()
                             if namespace in (None, pod.namespace)
                         ),
                         key=lambda p: (p.namespace, p.name),
                     )
                 ),
+                measured_mib=used_by(index, None),
             )
             for index, held in sorted(usage.cards.items())
         ),
     )
 
 
-def _on_card(ledger: Ledger, uid: PodUid, pod: PodRef, held: CardUsage, unit: int) -> PodOnCard:
+def _on_card(  # noqa: PLR0917 - one private helper
+    ledger: Ledger, uid: PodUid, pod: PodRef, held: CardUsage, unit: int, measured: int | None
+) -> PodOnCard:
     allocation = ledger.allocation(uid)
     units = held.card.memory
     if allocation is not None and allocation.kind is GpuKind.MEMORY:
         units = allocation.amount
-    return PodOnCard(namespace=pod.namespace, name=pod.name, mib=units * unit)
+    return PodOnCard(
+        namespace=pod.namespace, name=pod.name, mib=units * unit, measured_mib=measured
+    )
 
 
 # -- explain and simulate --------------------------------------------------------------------

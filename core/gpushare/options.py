@@ -154,6 +154,14 @@ def one_of(choices: type[_E]) -> Callable[[str], _E]:
     return parse
 
 
+def boolean(raw: str) -> bool:
+    if raw.lower() in ("true", "1", "yes"):
+        return True
+    if raw.lower() in ("false", "0", "no"):
+        return False
+    raise ValueError("must be true or false")
+
+
 def port(raw: str) -> int:
     """A TCP port; 0 disables."""
     return bounded(raw, int, low=0, high=65535, must="must be a port number (0 disables)")

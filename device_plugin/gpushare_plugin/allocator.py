@@ -10,13 +10,14 @@ a concurrent label change does not fail a start, while a deleted pod does).
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpushare import logs
 from gpushare.kube import ApiError
-from gpushare.kube.retry import WRITE, transient, wait_s
+from gpushare.kube.retry import WRITE, retry, transient, wait_s
 from gpushare.model import contract
 from gpushare.model.allocation import (
     ContainerGrant,
@@ -28,6 +29,7 @@ from gpushare.model.allocation import (
     preferred_device_ids,
     unplaced_pods,
 )
+from gpushare.model.limits import LimitSettings
 from gpushare.model.request import GpuKind
 from gpushare.model.usage import PodUid
 from gpushare_plugin.devices import DeviceTable
@@ -58,6 +60,7 @@ class Allocator:
         metrics: PluginMetrics,
         visible: VisibleDevices,
         strategy: DeviceListStrategy,
+        limits: LimitSettings | None,
         wait_s: float,
         schedulers: frozenset[str],
     ) -> None:
@@ -67,6 +70,9 @@ class Allocator:
         self._metrics = metrics
         self._visible = visible
         self._strategy = strategy
+        self._limits = limits
+        self.granted: dict[tuple[PodUid, str], ContainerGrant] = {}
+        """What this plugin gave each container it served: its own record of the grants."""
         self._wait_s = wait_s
         self._schedulers = schedulers
         self._lock = asyncio.Lock()  # one decision at a time: `served` is read, then written
@@ -87,6 +93,8 @@ class Allocator:
                 visible=self._visible,
                 schedulers=self._schedulers,
                 strategy=self._strategy,
+                limits=self._limits,
+                reopened=frozenset(self._pods.reopened),
             )
             served[grant.pod.uid] = grant.position + 1
             grants.append(grant)
@@ -121,9 +129,22 @@ class Allocator:
                     if grant.last:
                         await self._mark_assigned(grant)
                     self._pods.served[grant.pod.uid] = grant.position + 1
+                    if grant.pod.uid in self._pods.reopened and grant.last:
+                        self._pods.served_again(grant.pod.uid)
+                    self.granted[(grant.pod.uid, grant.container)] = grant
             for grant in grants:
                 if grant.problem:
                     self._log.warning("annotation_not_followed", problem=grant.problem)
+                for variable in grant.kept:
+                    # The container's own value wins over ours (the kubelet puts it last).
+                    self._log.warning(
+                        "framework_limit_kept_own",
+                        pod=str(grant.pod),
+                        container=grant.container,
+                        variable=variable,
+                        consequence="the framework is not limited to the container's share",
+                    )
+                    self._metrics.limits_kept.labels(variable).inc()
                 self._log.info(
                     "container allocated",
                     pod=str(grant.pod),
@@ -194,6 +215,19 @@ class Allocator:
                 raise NoCandidate(
                     f"pod {grant.pod} kept changing; could not set {contract.GPU_ASSIGNED}"
                 )
+
+    async def mark_adopted(self) -> None:
+        """Mark `gpu-assigned` on each pod that took over a grant served under another's
+        name (`PodCache.adopted`), so the operator stops waiting for it; for ever."""
+        while True:
+            pod = await self._pods.adopted.get()
+            ref = pod.ref
+            try:
+                # Its uid the precondition, not its resourceVersion: the kubelet is writing
+                # its status meanwhile, and the one annotation changes nothing else.
+                await retry(functools.partial(self._api.mark_assigned, ref, None), WRITE)
+            except (ApiError, OSError, TimeoutError) as error:
+                self._log.warning("mark_adopted_failed", pod=str(ref), error=str(error))
 
     def _pods_index(self, uid: PodUid) -> str | None:
         cached = self._pods.get(uid)

@@ -15,6 +15,7 @@ from pathlib import Path
 from gpushare import options
 from gpushare.model import contract
 from gpushare.model.allocation import DeviceListStrategy, VisibleDevices
+from gpushare.model.limits import DEFAULT_CONTEXT_MIB, LimitSettings
 from gpushare.options import Option
 from gpushare_plugin.health import HealthPolicy
 
@@ -45,6 +46,20 @@ class PluginConfig:
     scheduler_names: frozenset[str] = frozenset({contract.DEFAULT_SCHEDULER_NAME})
     """Only pods of these schedulers (the operator's) are served."""
     log_level: str = "info"
+    framework_limits: bool = True
+    """Give containers that share a card the frameworks' limits (`gpushare.model.limits`)."""
+    cuda_context_mib: int = DEFAULT_CONTEXT_MIB
+    mps: bool = False
+    usage_interval_s: float = 5.0
+    """How often the processes on the cards are measured and mapped to containers."""
+    proc_root: Path = Path("/proc")
+    """Where the processes of the node are seen (the DaemonSet runs with hostPID)."""
+
+    @property
+    def limits(self) -> LimitSettings | None:
+        if not self.framework_limits:
+            return None
+        return LimitSettings(context_mib=self.cuda_context_mib, mps=self.mps)
 
 
 def _node_name(raw: str) -> str:
@@ -76,6 +91,10 @@ def _factor(raw: str) -> int | None:
     if raw.strip().lower() == AUTO:
         return None
     return options.bounded(raw, int, low=1, must=f"must be a number >= 1, or {AUTO}")
+
+
+def _mib(raw: str) -> int:
+    return options.bounded(raw, int, low=0, high=65536, must="must be MiB from 0 to 65536")
 
 
 def _seconds(raw: str) -> float:
@@ -183,6 +202,42 @@ OPTIONS = (
         flag="--disable-healthchecks",
         parse=str,
         help="all, xids, or a comma list of XIDs to ignore; unset: all checks",
+    ),
+    Option(
+        field="framework_limits",
+        env="GPUSHARE_FRAMEWORK_LIMITS",
+        flag="--framework-limits",
+        parse=options.boolean,
+        help="give containers that share a card the frameworks' own memory limits "
+        "(PyTorch, JAX, TensorFlow; MPS with --mps)",
+    ),
+    Option(
+        field="cuda_context_mib",
+        env="GPUSHARE_CUDA_CONTEXT_MIB",
+        flag="--cuda-context-mib",
+        parse=_mib,
+        help="MiB a CUDA context holds outside the allocators, left out of their fraction",
+    ),
+    Option(
+        field="mps",
+        env="GPUSHARE_MPS",
+        flag="--mps",
+        parse=options.boolean,
+        help="the node runs the MPS control daemon: give CUDA_MPS_PINNED_DEVICE_MEM_LIMIT too",
+    ),
+    Option(
+        field="usage_interval_s",
+        env="GPUSHARE_USAGE_INTERVAL_SECONDS",
+        flag="--usage-interval-seconds",
+        parse=_positive_seconds,
+        help="seconds between measurements of what each container's processes hold",
+    ),
+    Option(
+        field="proc_root",
+        env="GPUSHARE_PROC_ROOT",
+        flag="--proc-root",
+        parse=Path,
+        help="where the node's processes are seen (the host's /proc: the DaemonSet has hostPID)",
     ),
     Option(
         field="log_level",

@@ -34,15 +34,16 @@ class PluginApi:
             self._core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}"
         )
 
-    async def mark_assigned(self, pod: PodRef, resource_version: str) -> None:
-        """Set `gpu-assigned: "true"`; 409 when the pod changed since `resource_version`."""
-        patch = {
-            "metadata": {
-                "uid": pod.uid,
-                "resourceVersion": resource_version,
-                "annotations": {contract.GPU_ASSIGNED: contract.GPU_ASSIGNED_TRUE},
-            }
+    async def mark_assigned(self, pod: PodRef, resource_version: str | None) -> None:
+        """Set `gpu-assigned: "true"` on the pod `pod.uid` names; 409 when it changed since
+        `resource_version` (None: whatever changed since)."""
+        metadata: dict[str, Any] = {
+            "uid": pod.uid,
+            "annotations": {contract.GPU_ASSIGNED: contract.GPU_ASSIGNED_TRUE},
         }
+        if resource_version is not None:
+            metadata["resourceVersion"] = resource_version
+        patch = {"metadata": metadata}
         await raw_json(
             self._core.patch_namespaced_pod(
                 pod.name,
@@ -110,13 +111,17 @@ class PluginApi:
 
     async def heartbeat(self, node: str, stamp: str) -> None:
         """Set the node's GPUNode heartbeat annotation to `stamp`."""
+        await self.annotate_gpunode(node, {contract.PLUGIN_HEARTBEAT: stamp})
+
+    async def annotate_gpunode(self, node: str, annotations: Mapping[str, str]) -> None:
+        """Set annotations of the node's GPUNode (a merge patch)."""
         await raw_json(
             self._objects.patch_cluster_custom_object(
                 contract.INVENTORY_GROUP,
                 contract.INVENTORY_VERSION,
                 contract.INVENTORY_PLURAL,
                 node,
-                {"metadata": {"annotations": {contract.PLUGIN_HEARTBEAT: stamp}}},
+                {"metadata": {"annotations": dict(annotations)}},
                 # A merge patch: the client's default for custom objects is a JSON Patch.
                 _content_type="application/merge-patch+json",  # type: ignore[call-arg]
                 _preload_content=False,

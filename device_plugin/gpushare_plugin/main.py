@@ -34,6 +34,7 @@ from gpushare_plugin.lifecycle import Supervisor
 from gpushare_plugin.metrics import PluginMetrics
 from gpushare_plugin.podcache import PodCache
 from gpushare_plugin.server import DevicePluginServicer
+from gpushare_plugin.usage import UsageMeter
 
 
 def open_discovery(config: PluginConfig) -> Discovery:
@@ -102,6 +103,7 @@ async def run(config: PluginConfig, stop: asyncio.Event) -> int:
                 metrics=metrics,
                 visible=config.visible_devices,
                 strategy=config.device_list_strategy,
+                limits=config.limits,
                 wait_s=config.allocate_wait_s,
                 schedulers=config.scheduler_names,
             )
@@ -109,13 +111,26 @@ async def run(config: PluginConfig, stop: asyncio.Event) -> int:
                 DevicePluginServicer(kind=kind, table=table, allocator=allocator, metrics=metrics)
                 for kind in GpuKind
             ]
+            meter = UsageMeter(
+                discovery=discovery,
+                table=table,
+                pods=pods,
+                granted=allocator.granted,
+                api=api,
+                metrics=metrics,
+                proc_root=config.proc_root,
+                visible=config.visible_devices,
+                refresh_s=config.heartbeat_s,
+            )
             health = CardHealth(policy=config.health, uuids=tuple(c.uuid for c in cards))
             supervisor = Supervisor(socket_dir=config.socket_dir, servicers=servicers)
             return await _run_until_stopped(
                 stop,
                 serving=supervisor.run(stop),
                 watching=pods.run(),
+                adopting=allocator.mark_adopted(),
                 heartbeat=keep_beating(publisher, config.heartbeat_s),
+                usage=meter.run(config.usage_interval_s),
                 health=watch_health(
                     discovery=discovery,
                     health=health,

@@ -33,6 +33,32 @@ class PluginMetrics:
             ["resource", "health"],
             registry=self.registry,
         )
+        self.limits_kept = Counter(
+            "gpushare_plugin_framework_limit_kept_own_total",
+            "Containers that set a framework's memory variable themselves (theirs wins), by "
+            "variable.",
+            ["variable"],
+            registry=self.registry,
+        )
+        measured = ["node", "namespace", "pod", "container", "card"]
+        self.container_used_bytes = Gauge(
+            "gpushare_plugin_container_gpu_memory_used_bytes",
+            "GPU memory a container's processes hold on a card (NVML, contexts included).",
+            measured,
+            registry=self.registry,
+        )
+        self.container_granted_bytes = Gauge(
+            "gpushare_plugin_container_gpu_memory_granted_bytes",
+            "GPU memory a container was granted on a card (0 on a card it was not given).",
+            measured,
+            registry=self.registry,
+        )
+        self.unmapped_used_bytes = Gauge(
+            "gpushare_plugin_unmapped_gpu_memory_used_bytes",
+            "GPU memory held on a card by processes of no known container.",
+            ["node", "card"],
+            registry=self.registry,
+        )
         self.cards = Gauge(
             "gpushare_plugin_card_healthy",
             "1 while a card is Healthy, 0 while it is Unhealthy.",

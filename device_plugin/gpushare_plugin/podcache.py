@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from gpushare import logs
 from gpushare.kube.reflector import DELETED, Reflector
-from gpushare.model.allocation import BoundPod, bound_pod
+from gpushare.model.allocation import BoundPod, bound_pod, swapped_with
 from gpushare.model.usage import PodUid
 from gpushare_plugin.kubeapi import PluginApi
 
@@ -24,6 +24,15 @@ class PodCache:
         self._pods: dict[PodUid, BoundPod] = {}
         self.served: dict[PodUid, int] = {}
         """GPU containers of each pod this plugin has answered (kubelet order)."""
+        self.reopened: set[PodUid] = set()
+        """Pods served whose grant the kubelet gave another (`swapped_with`): to serve again."""
+        self.adopted: asyncio.Queue[BoundPod] = asyncio.Queue()
+        """Pods that took over a grant, to mark gpu-assigned (the allocator does) once the pod
+        whose grant they took is served again: till then the operator waits for them, so pods
+        of their request stay on their card (the exactness rule)."""
+        self._adopted_by: dict[PodUid, BoundPod] = {}
+        self._before_start: set[str] | None = None
+        """The pods of the first LIST: another instance of the plugin may have served them."""
         self._reflector = Reflector(
             "pods",
             api.pod_lister(node),
@@ -56,6 +65,8 @@ class PodCache:
         self._changed = asyncio.Event()
 
     def _listed(self, uids: set[str], version: str) -> None:
+        if self._before_start is None:
+            self._before_start = set(uids)
         for uid in set(self._pods) - uids:
             self._pods.pop(uid)
             self.served.pop(uid, None)
@@ -63,9 +74,53 @@ class PodCache:
         self._log.info("pods on node listed", pods=len(self._pods))
 
     def _apply(self, event_type: str, pod: BoundPod) -> None:
+        uid = pod.ref.uid
         if event_type == DELETED:
-            self._pods.pop(pod.ref.uid, None)
-            self.served.pop(pod.ref.uid, None)
+            self._pods.pop(uid, None)
+            self.served.pop(uid, None)
+            if uid in self.reopened:
+                self.served_again(uid)
         else:
-            self._pods[pod.ref.uid] = pod
+            before = self._pods.get(uid)
+            self._pods[uid] = pod
+            if pod.admitted and (before is None or not before.admitted):
+                self._admitted(pod)
         self._notify()
+
+    def _admitted(self, pod: BoundPod) -> None:
+        """The kubelet admitted `pod`: every container of it has its devices now. Unless the
+        record shows it served under its own name, it was admitted with a grant served under
+        another's (`allocation.swapped_with`): the record follows the grant, and that other
+        pod is served again when the kubelet starts it. Not for a pod of the first LIST: an
+        earlier instance of the plugin may have served it."""
+        uid = pod.ref.uid
+        reopened = uid in self.reopened
+        if not pod.active:  # refused by the kubelet (Failed), or finished: it took no grant
+            return
+        if not reopened and (uid in self.served or uid in (self._before_start or ())):
+            return
+        partner = swapped_with(pod, self._pods.values(), self.served)
+        if reopened:
+            self.served_again(uid)  # whoever took its own grant is served for good
+        if pod.request is not None:
+            self.served[uid] = len(pod.request.containers)
+        if partner is None:
+            return
+        self.served.pop(partner, None)
+        self.reopened.add(partner)
+        self._adopted_by[partner] = pod
+        self._log.info(
+            "grant_taken_over",
+            pod=str(pod.ref),
+            served_as=str(self._pods[partner].ref),
+            note="the kubelet started it with the grant given under the other's name; that pod "
+            "is served again when the kubelet starts it",
+        )
+
+    def served_again(self, uid: PodUid) -> None:
+        """A reopened pod was served again (or admitted, or is gone): the pod that took its
+        grant is served for good: to mark."""
+        self.reopened.discard(uid)
+        adopted = self._adopted_by.pop(uid, None)
+        if adopted is not None:
+            self.adopted.put_nowait(adopted)

@@ -23,6 +23,7 @@ from gpushare import options
 from gpushare.model import Policy, contract
 from gpushare.model.admission import AdmissionSettings, LimitsIn
 from gpushare.model.devices import MAX_UNIT_MIB
+from gpushare.model.overuse import OverUsePolicy
 from gpushare.options import Option
 
 
@@ -60,6 +61,8 @@ class OperatorConfig:
     memory_unit_mib: int = contract.DEFAULT_MEMORY_UNIT_MIB
     pod_memory_limits: LimitsIn = LimitsIn.MIB
     set_scheduler_name: bool = False
+    over_use_policy: OverUsePolicy = OverUsePolicy.WARN
+    over_use_grace_s: float = 30.0
     webhook_port: int = 9443
     webhook_address: str = "127.0.0.1"  # the manifests set 0.0.0.0: the Service's pod IP
     webhook_hosts: frozenset[str] = frozenset({"gpushare-webhook.gpushare-system.svc"})
@@ -118,14 +121,6 @@ def _hosts(raw: str) -> frozenset[str]:
     if not hosts:
         raise ValueError("must name at least one host")
     return hosts
-
-
-def _boolean(raw: str) -> bool:
-    if raw.lower() in ("true", "1", "yes"):
-        return True
-    if raw.lower() in ("false", "0", "no"):
-        return False
-    raise ValueError("must be true or false")
 
 
 def _text(raw: str) -> str:
@@ -225,7 +220,7 @@ OPTIONS = (
         field="leader_elect",
         env="GPUSHARE_LEADER_ELECT",
         flag="--leader-elect",
-        parse=_boolean,
+        parse=options.boolean,
         help="true | false: only the Lease holder binds",
     ),
     Option(
@@ -333,9 +328,29 @@ OPTIONS = (
         flag="--set-scheduler-name",
         live="setSchedulerName",
         schema={"type": "boolean"},
-        parse=_boolean,
+        parse=options.boolean,
         help="true | false: give GPU pods that name kube-scheduler the first served name "
         "(else they are refused at creation)",
+    ),
+    Option(
+        field="over_use_policy",
+        env="GPUSHARE_OVER_USE_POLICY",
+        flag="--over-use-policy",
+        live="overUsePolicy",
+        schema={"type": "string", "enum": [p.value for p in OverUsePolicy]},
+        parse=options.one_of(OverUsePolicy),
+        help="what to do when a container holds more GPU memory than it was granted, as the "
+        "device plugin measured it: Ignore, Warn (an Event on its pod) or Evict (also evict "
+        "the pod, PodDisruptionBudgets respected)",
+    ),
+    Option(
+        field="over_use_grace_s",
+        env="GPUSHARE_OVER_USE_GRACE",
+        flag="--over-use-grace",
+        live="overUseGraceSeconds",
+        schema=_SECONDS_SCHEMA,
+        parse=_seconds,
+        help="seconds a container stays over its grant before the over-use policy acts",
     ),
     Option(
         field="webhook_port",

@@ -58,6 +58,13 @@ class SchedulerMetrics:
         self.leader = Gauge(
             "gpushare_leader", "1 while this replica holds the Lease.", registry=self.registry
         )
+        self.over_use = Counter(
+            "gpushare_over_use_total",
+            "Containers found over their GPU memory share for the grace period, by what was "
+            "done (warned, evicted, eviction_refused).",
+            ["action"],
+            registry=self.registry,
+        )
 
     def serve(self, port: int) -> None:
         if port:

@@ -153,6 +153,18 @@ class Reporter:
 
         self._enqueue(pod, report)
 
+    def warn(self, pod: PodRef, reason: str, message: str) -> None:
+        """A Warning Event on the pod (over-use, say), written by the workers as the rest."""
+
+        async def report() -> None:
+            await _written(
+                lambda: self._api.post_event(
+                    pod, event_type="Warning", reason=reason, message=message
+                )
+            )
+
+        self._enqueue(pod, report)
+
     def forget(self, uid: PodUid) -> None:
         self._last.pop(uid, None)
         self._failed.pop(uid, None)

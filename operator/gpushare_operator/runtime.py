@@ -29,6 +29,7 @@ from gpushare_operator.election import LeaseElector
 from gpushare_operator.intake import Intake
 from gpushare_operator.kubeapi import SchedulerApi
 from gpushare_operator.metrics import SchedulerMetrics
+from gpushare_operator.overuse import OverUseGuard
 from gpushare_operator.reporting import Reporter
 from gpushare_operator.scheduler import Scheduler
 from gpushare_operator.scheduling.cache import SchedulerCache
@@ -95,6 +96,13 @@ class Runtime:
             cache=self.cache,
             gangs=self.gangs,
             api=api,
+            metrics=self.metrics,
+            config=self.current_config,
+        )
+        self.over_use = OverUseGuard(
+            cache=self.cache,
+            api=api,
+            reporter=self.reporter,
             metrics=self.metrics,
             config=self.current_config,
         )
@@ -246,6 +254,7 @@ class Runtime:
         async with asyncio.TaskGroup() as work:
             work.create_task(self.scheduler.run(), name="scheduler")
             work.create_task(self.status.run(), name="status")
+            work.create_task(self.over_use.run(), name="over-use")
 
     # -- feeding the cache ---------------------------------------------------------------
 

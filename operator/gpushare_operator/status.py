@@ -24,6 +24,7 @@ from gpushare.kube.clock import parse_time, rfc3339
 from gpushare.model import NodeName, contract
 from gpushare.model.bodies import path
 from gpushare.model.gangs import group_status
+from gpushare.model.measured import measured_of
 from gpushare.model.status import Heartbeat, gpunode_conditions, gpunode_status
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.kubeapi import SchedulerApi
@@ -87,8 +88,8 @@ class StatusWriter:
             usage = self._cache.ledger.node(name)
             if usage is None:
                 continue
-            status = gpunode_status(usage)
             resource = self._cache.gpunode(name) or {}
+            status = gpunode_status(usage, measured_of(resource))
             annotations = path(resource, "metadata").get("annotations") or {}
             now = self._clock()
             status["conditions"] = gpunode_conditions(

@@ -14,7 +14,7 @@ annotation naming a card the node lacks fails the call: no card is ever guessed.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gpushare.model import contract
@@ -24,10 +24,12 @@ from gpushare.model.annotations import (
     parse_card_indices,
     predicate_time_ns,
 )
-from gpushare.model.bodies import Body, annotations_of, describe, path, text
+from gpushare.model.bodies import Body, annotations_of, describe, path, sequence, text
 from gpushare.model.devices import card_of_memory_device
 from gpushare.model.errors import GpuShareError
 from gpushare.model.inventory import Card, NodeInventory
+from gpushare.model.limits import NONE, LimitSettings, framework_limits
+from gpushare.model.limits import wanted as limits_wanted
 from gpushare.model.request import ContainerRequest, GpuKind, PodRequest, gpu_request
 from gpushare.model.usage import (
     FINISHED_PHASES,
@@ -107,12 +109,17 @@ class BoundPod:
     problem: str | None = None
     asked: MemoryAsked | None = None
     """What the admission webhook recorded: the unit and each container's MiB."""
+    env_names: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """Each container's own env names (its values win over what Allocate returns)."""
+    container_ids: Mapping[str, str] = field(default_factory=dict)
+    """Each started container's runtime id (without `containerd://`) -> its name."""
+    framework_limits: bool = True
+    """It takes the frameworks' limits (not annotated `framework-limits: off`)."""
     admitted: bool = False
     """The kubelet has admitted it (its status lists containers, or it is past Pending): it
-    allocates every container's devices when it admits a pod, so an admitted pod is never a
-    pod no scheduler placed that the kubelet may be starting. It may still be a candidate:
-    the kubelet may have started it with the grant this plugin gave a pod of the same
-    request (same card, same env), which then stays to be served."""
+    allocates every container's devices when it admits a pod, so an admitted pod is never
+    the one an Allocate is for, whatever its annotations say. (It may have been admitted with
+    the grant served under another pod's name: `swapped_with` moves the record.)"""
 
     @property
     def waiting(self) -> bool:
@@ -120,6 +127,7 @@ class BoundPod:
         return (
             self.active
             and not self.assigned
+            and not self.admitted
             and self.gpu_index is not None
             and self.request is not None
             and self.request.kind is not None
@@ -139,6 +147,7 @@ def bound_pod(pod: Body) -> BoundPod:
         request, problem = None, str(error)
     status = path(pod, "status")
     phase = text(status.get("phase"))
+    spec = path(pod, "spec")
     return BoundPod(
         ref=pod_ref(pod),
         resource_version=text(meta.get("resourceVersion")) or "",
@@ -156,6 +165,21 @@ def bound_pod(pod: Body) -> BoundPod:
         ),
         problem=problem,
         asked=asked,
+        env_names={
+            text(c.get("name")) or "": frozenset(
+                text(e.get("name")) or "" for e in sequence(c.get("env")) if isinstance(e, dict)
+            )
+            for field_name in ("containers", "initContainers")
+            for c in sequence(spec.get(field_name))
+            if isinstance(c, dict)
+        },
+        container_ids={
+            cid.partition("://")[2] or cid: text(c.get("name")) or ""
+            for field_name in ("containerStatuses", "initContainerStatuses")
+            for c in sequence(status.get(field_name))
+            if isinstance(c, dict) and (cid := text(c.get("containerID")) or "")
+        },
+        framework_limits=limits_wanted(annotations),
     )
 
 
@@ -182,6 +206,10 @@ class ContainerGrant:
     mounts: tuple[Mount, ...] = ()
     problem: str | None = None
     """What in the pod's annotations was not followed, to log."""
+    kept: tuple[str, ...] = ()
+    """The frameworks' variables the container sets itself (its own win): to report."""
+    allocated_mib: int = 0
+    """The MiB the container is told it has (gpu-memory), or its cards' (gpu-number)."""
 
 
 def match_container(
@@ -194,8 +222,13 @@ def match_container(
     visible: VisibleDevices = VisibleDevices.INDEX,
     schedulers: frozenset[str] = frozenset({contract.DEFAULT_SCHEDULER_NAME}),
     strategy: DeviceListStrategy = DeviceListStrategy.ENVVAR,
+    limits: LimitSettings | None = None,
+    reopened: frozenset[PodUid] = frozenset(),
 ) -> ContainerGrant:
     """The container this Allocate of `count` `kind` devices is for; NoCandidate if none.
+
+    `reopened`: pods this plugin served whose grant the kubelet gave another pod of the same
+    request (`swapped_with`): candidates again, whatever their `gpu-assigned` says.
 
     `served` counts the GPU containers of each pod already answered by this plugin. Only
     pods that `schedulers` (the names the gpushare operator serves) bound with a Binding are
@@ -211,7 +244,7 @@ def match_container(
     waiting = [
         p
         for p in pods
-        if p.waiting
+        if (p.waiting or (p.ref.uid in reopened and p.active and not p.admitted))
         and p.scheduler in schedulers
         and p.bound
         and p.request is not None
@@ -237,25 +270,82 @@ def match_container(
             _refuse_if_ambiguous(
                 pod, pods, node=inventory.node, kind=kind, count=count, schedulers=schedulers
             )
-        cards = _cards_of(pod, kind, pod.request, inventory)
-        chosen = _container_cards(order, position, cards) if kind is GpuKind.NUMBER else cards
-        allocated_mib, problem = (
-            _allocated_mib(pod, container, inventory) if kind is GpuKind.MEMORY else (0, None)
-        )
-        return ContainerGrant(
-            pod=pod.ref,
-            resource_version=pod.resource_version,
-            container=container.name,
-            position=position,
-            last=position + 1 == len(order),
-            cards=chosen,
-            env=container_env(kind, allocated_mib, chosen, visible, strategy),
-            mounts=device_mounts(chosen, visible, strategy),
-            problem=problem,
+        return container_grant(
+            pod, position, inventory, visible=visible, strategy=strategy, limits=limits
         )
     raise _no_candidate(
         pods, waiting, kind=kind, count=count, inventory=inventory, schedulers=schedulers
     )
+
+
+def container_grant(
+    pod: BoundPod,
+    position: int,
+    inventory: NodeInventory,
+    *,
+    visible: VisibleDevices = VisibleDevices.INDEX,
+    strategy: DeviceListStrategy = DeviceListStrategy.ENVVAR,
+    limits: LimitSettings | None = None,
+) -> ContainerGrant:
+    """What the pod's GPU container at `position` (kubelet order) is given: its card(s), env
+    and mounts; NoCandidate when its annotations cannot be honoured. Allocate serves it; the
+    usage measurement, after a restart, rebuilds from it what was served."""
+    if pod.request is None or pod.request.kind is None:
+        raise NoCandidate(f"pod {pod.ref} asks for no GPU")
+    kind = pod.request.kind
+    order = kubelet_order(pod.request)
+    container = order[position]
+    cards = _cards_of(pod, kind, pod.request, inventory)
+    chosen = _container_cards(order, position, cards) if kind is GpuKind.NUMBER else cards
+    allocated_mib, problem = (
+        _allocated_mib(pod, container, inventory) if kind is GpuKind.MEMORY else (0, None)
+    )
+    env = container_env(kind, allocated_mib, chosen, visible, strategy)
+    given = NONE
+    if limits is not None and kind is GpuKind.MEMORY and pod.framework_limits:
+        own = pod.env_names.get(container.name, frozenset())
+        given = framework_limits(allocated_mib, chosen[0].total_mib, limits, own=own)
+        problem = problem or given.note
+    return ContainerGrant(
+        pod=pod.ref,
+        resource_version=pod.resource_version,
+        container=container.name,
+        position=position,
+        last=position + 1 == len(order),
+        cards=chosen,
+        env={**env, **given.env},
+        mounts=device_mounts(chosen, visible, strategy),
+        problem=problem,
+        kept=given.kept,
+        allocated_mib=int(env[contract.ENV_GPU_ALLOCATED]),
+    )
+
+
+def swapped_with(
+    admitted: BoundPod, pods: Iterable[BoundPod], served: Mapping[PodUid, int]
+) -> PodUid | None:
+    """The pod whose grant the kubelet gave `admitted`, a pod it just admitted that this plugin
+    never served: the call named device ids, not the pod, so the plugin served the oldest pod
+    of the same request waiting then, which the kubelet has not admitted yet (same card and
+    env, by the exactness rule). That pod is not served after all, and its own call is still
+    to come (if the admitted pod is deleted first, its grant must not be lost with it). None
+    when no such pod is on the node (one served before this plugin started, say)."""
+    if admitted.request is None or admitted.request.kind is None:
+        return None
+    signature = admitted.request.signature
+    partners = [
+        p
+        for p in pods
+        if p.ref.uid != admitted.ref.uid
+        and not p.admitted
+        and p.active
+        and p.request is not None
+        and p.request.signature == signature
+        and served.get(p.ref.uid, 0) >= len(p.request.containers)
+        and p.gpu_index == admitted.gpu_index
+    ]
+    partners.sort(key=lambda p: (p.predicate_time is None, p.predicate_time or 0))
+    return partners[0].ref.uid if partners else None
 
 
 def _refuse_if_ambiguous(

@@ -31,6 +31,15 @@ ENV_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
 ENV_GPU_ALLOCATED: Final = "VOLCANO_GPU_ALLOCATED"
 ENV_GPU_MEMORY_TOTAL: Final = "VOLCANO_GPU_MEMORY_TOTAL"
 
+# The frameworks' own limits, given with a share of a card (gpushare's, not Volcano's).
+ENV_PYTORCH_ALLOC_CONF: Final = "PYTORCH_CUDA_ALLOC_CONF"
+ENV_JAX_MEM_FRACTION: Final = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+ENV_TF_ALLOW_GROWTH: Final = "TF_FORCE_GPU_ALLOW_GROWTH"
+ENV_MPS_MEM_LIMIT: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+FRAMEWORK_LIMITS: Final = "gpushare.io/framework-limits"
+"""Pod annotation: ``"off"`` gives its containers none of the frameworks' limits."""
+FRAMEWORK_LIMITS_OFF: Final = "off"
+
 DEFAULT_SCHEDULER_NAME: Final = "volcano"
 
 # The memory unit: MiB per volcano.sh/gpu-memory device. Users write MiB; the admission
@@ -50,6 +59,9 @@ INVENTORY_VERSION: Final = "v1alpha1"
 INVENTORY_PLURAL: Final = "gpunodes"
 INVENTORY_KIND: Final = "GPUNode"
 
+MEASURED_USAGE: Final = "gpushare.io/measured-usage"
+"""GPUNode annotation the device plugin keeps: what each container holds on each card, as
+NVML measures its processes (JSON, `usage.MeasuredUsage`); the operator acts on it."""
 PLUGIN_HEARTBEAT: Final = "gpushare.io/plugin-heartbeat"
 """GPUNode annotation: when the node's device plugin last said it runs (RFC 3339), renewed
 every `--heartbeat-seconds`; the operator turns it into the `Ready` and `Stale` conditions."""

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpushare.model.measured import MeasuredUsage
 from gpushare.model.usage import NodeUsage
 
 
@@ -66,10 +67,11 @@ def gpunode_conditions(
     return conditions
 
 
-def gpunode_status(usage: NodeUsage) -> dict[str, Any]:
-    """`status` of the node's GPUNode resource (MiB, pods as namespace/name)."""
+def gpunode_status(usage: NodeUsage, measured: MeasuredUsage | None = None) -> dict[str, Any]:
+    """`status` of the node's GPUNode resource (MiB, pods as namespace/name), with what the
+    device plugin last measured its cards' processes hold, when it has."""
     unit = usage.inventory.unit_mib
-    cards = []
+    cards: list[dict[str, Any]] = []
     for index, card in sorted(usage.cards.items()):
         cards.append(
             {
@@ -80,10 +82,28 @@ def gpunode_status(usage: NodeUsage) -> dict[str, Any]:
                 "pods": sorted(str(pod) for pod in card.pods.values()),
             }
         )
-    return {
+    status: dict[str, Any] = {
         "cardCount": len(cards),
         "healthyCards": sum(1 for c in cards if c["healthy"]),
         "allocatedMiB": sum(c["allocatedMiB"] for c in cards),
         "totalMiB": sum(c.card.memory for c in usage.cards.values()) * unit,
         "cards": cards,
     }
+    if measured is not None:
+        for entry in cards:
+            uses = [use for use in measured.containers if use.card == entry["index"]]
+            unmapped = measured.unmapped_mib.get(entry["index"], 0)
+            entry["usedMiB"] = sum(use.used_mib for use in uses) + unmapped
+            entry["unmappedMiB"] = unmapped
+            entry["containers"] = [
+                {
+                    "pod": str(use.pod),
+                    "container": use.container,
+                    "usedMiB": use.used_mib,
+                    "grantedMiB": use.granted_mib,
+                }
+                for use in uses
+            ]
+        status["usedMiB"] = sum(entry["usedMiB"] for entry in cards)
+        status["measuredAt"] = measured.at
+    return status

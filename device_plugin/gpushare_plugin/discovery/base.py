@@ -35,6 +35,25 @@ class XidEvent:
     xid: int
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CardProcess:
+    """A process that holds memory on a card, as the driver counts it (its CUDA context
+    included): its pid in the node's (the host's) pid namespace."""
+
+    pid: int
+    card: CardIndex
+    used_mib: int | None
+    """None where the driver cannot say (some virtualised GPUs)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Processes:
+    """Every process on the cards that answered, and why the others did not."""
+
+    found: list[CardProcess]
+    problems: list[str]
+
+
 class Discovery(Protocol):
     def cards(self) -> list[DiscoveredCard]:
         """Every card on the node, by index."""
@@ -46,6 +65,10 @@ class Discovery(Protocol):
 
     def probe(self, uuid: str) -> bool:
         """Whether the card answers the driver normally again (the recovery check)."""
+        ...
+
+    def processes(self) -> Processes:
+        """The processes holding memory on each card now (compute and graphics)."""
         ...
 
     def close(self) -> None: ...

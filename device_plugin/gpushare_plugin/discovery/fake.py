@@ -11,11 +11,18 @@ The file is read again whenever it changes, which is how a card fails and recove
 time: setting `xid` raises that XID once (the card turns Unhealthy unless the XID is an
 application error), and the card fails its probe until `xid` is removed, after which the
 health rules let it recover. UUIDs are derived from the node name and index unless given.
+
+The file may also list what processes hold on the cards, as NVML would report them (pids of
+the node's real processes: the tests' containers), for the usage measurement::
+
+    processes:
+      - {pid: 4711, card: 0, usedMiB: 1500}
 """
 
 from __future__ import annotations
 
 import re
+import threading
 import time
 import uuid as uuidlib
 from pathlib import Path
@@ -24,7 +31,13 @@ import yaml
 
 from gpushare.model.annotations import CardIndex
 from gpushare.model.bodies import mapping, sequence, text
-from gpushare_plugin.discovery.base import DiscoveredCard, DiscoveryError, XidEvent
+from gpushare_plugin.discovery.base import (
+    CardProcess,
+    DiscoveredCard,
+    DiscoveryError,
+    Processes,
+    XidEvent,
+)
 
 _INLINE = re.compile(r"\s*([1-9][0-9]{0,2})\s*x\s*([1-9][0-9]{0,7})\s*")
 _POLL_S = 0.1
@@ -39,12 +52,18 @@ class FakeDiscovery:
         self._cards: list[DiscoveredCard] = []
         self._xids: dict[str, int] = {}
         self._pending: list[XidEvent] = []
+        self._processes: list[CardProcess] = []
+        self._lock = threading.Lock()  # the health watch and the usage measurement both read
         self._reload(initial=True)
 
     def _uuid(self, index: int) -> str:
         return f"GPU-{uuidlib.uuid5(uuidlib.NAMESPACE_DNS, f'{self._node}.{index}.gpushare')}"
 
     def _reload(self, *, initial: bool = False) -> None:
+        with self._lock:
+            self._reload_locked(initial=initial)
+
+    def _reload_locked(self, *, initial: bool) -> None:
         if self._file is None:
             assert self._inline is not None
             self._cards = self._parse_inline(self._inline)
@@ -60,6 +79,7 @@ class FakeDiscovery:
             return  # a half-written file: keep the last good one, read it again later
         self._stamp = stamp
         cards, xids = self._parse_file(raw)
+        self._processes = self._parse_processes(raw)
         if initial:
             self._cards = cards
         for uuid, xid in xids.items():
@@ -115,8 +135,23 @@ class FakeDiscovery:
                 xids[card.uuid] = xid
         return cards, xids
 
+    def _parse_processes(self, raw: object) -> list[CardProcess]:
+        found = []
+        for entry in sequence(mapping(raw).get("processes")):
+            pid, card, used = entry.get("pid"), entry.get("card"), entry.get("usedMiB")
+            if isinstance(pid, int) and isinstance(card, int):
+                mib = used if isinstance(used, int) and not isinstance(used, bool) else None
+                found.append(CardProcess(pid=pid, card=CardIndex(card), used_mib=mib))
+        return found
+
     def cards(self) -> list[DiscoveredCard]:
         return list(self._cards)
+
+    def processes(self) -> Processes:
+        if self._file is not None:
+            self._reload()
+        known = {card.index for card in self._cards}
+        return Processes([p for p in self._processes if p.card in known], [])
 
     def wait_event(self, timeout_ms: int) -> XidEvent | None:
         deadline = time.monotonic() + timeout_ms / 1000

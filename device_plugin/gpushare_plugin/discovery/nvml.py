@@ -11,7 +11,13 @@ from types import ModuleType
 from typing import Any
 
 from gpushare.model.annotations import CardIndex
-from gpushare_plugin.discovery.base import DiscoveredCard, DiscoveryError, XidEvent
+from gpushare_plugin.discovery.base import (
+    CardProcess,
+    DiscoveredCard,
+    DiscoveryError,
+    Processes,
+    XidEvent,
+)
 
 MIB = 1024 * 1024
 
@@ -103,6 +109,35 @@ class NvmlDiscovery:
         except nvml.NVMLError:
             return False
         return True
+
+    def processes(self) -> Processes:
+        """Compute and graphics processes of every card (a process in both is counted once,
+        with the larger figure); a card that cannot say is a problem, the others still count."""
+        nvml = self._nvml
+        found: list[CardProcess] = []
+        problems: list[str] = []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            seen: dict[int, int | None] = {}
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(i)
+                listed = list(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+            except nvml.NVMLError as error:
+                problems.append(f"card {i}: NVML could not list its processes ({error})")
+                continue
+            try:
+                listed += nvml.nvmlDeviceGetGraphicsRunningProcesses(handle)
+            except nvml.NVMLError as error:
+                if getattr(error, "value", None) != nvml.NVML_ERROR_NOT_SUPPORTED:
+                    problems.append(f"card {i}: NVML could not list its graphics ({error})")
+            for process in listed:
+                used = getattr(process, "usedGpuMemory", None)
+                mib = int(used) // MIB if isinstance(used, int) else None
+                before = seen.get(int(process.pid))
+                seen[int(process.pid)] = mib if before is None or mib is None else max(mib, before)
+            found.extend(
+                CardProcess(pid=pid, card=CardIndex(i), used_mib=mib) for pid, mib in seen.items()
+            )
+        return Processes(found, problems)
 
     def close(self) -> None:
         nvml = self._nvml

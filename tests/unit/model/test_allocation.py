@@ -16,6 +16,7 @@ from gpushare.model.allocation import (
     bound_pod,
     match_container,
     preferred_device_ids,
+    swapped_with,
 )
 from gpushare.model.inventory import NodeInventory, NodeName, inventory_from_spec
 from gpushare.model.request import GpuKind
@@ -363,21 +364,44 @@ def test_volume_mounts_name_the_cards_in_mounts_a_pod_cannot_set() -> None:
     assert envvar.mounts == ()
 
 
-def test_an_admitted_pod_of_the_same_request_this_plugin_did_not_serve_is_still_a_candidate() -> (
-    None
-):
-    # The kubelet started it with the grant given to "served" (same card, same env): the call
-    # still to come is for "served", and takes the grant left to it.
+def test_an_admitted_pod_is_never_the_one_an_allocate_is_for() -> None:
+    # The kubelet allocates every container's devices when it admits a pod: no call of its
+    # can be for a pod it has admitted, even one this plugin did not serve by name.
     started = gpu_pod("started", 10, node="n", index="0", uid="started")
     started["metadata"]["annotations"][contract.PREDICATE_TIME] = "1"
     started["status"]["phase"] = "Running"
     started["status"]["containerStatuses"] = [{"name": "cuda-container", "ready": True}]
     grant = match_container(
-        [bound_pod(started), placed("served", 10)],
-        {PodUid("served"): 1},
+        [bound_pod(started), placed("next", 10, at=2)],
+        {},
         kind=MEMORY,
         count=10,
         inventory=inventory([100]),
     )
-    assert grant.pod.name == "started"
+    assert grant.pod.name == "next"
+
+
+def test_a_grant_the_kubelet_gave_another_pod_of_the_same_request_is_served_again() -> None:
+    # The kubelet admitted "first" with the grant served as "second" (the call names device
+    # ids, not pods): the record follows the grant, and "second" waits for its own call,
+    # whatever gpu-assigned (marked when it was served) says, even if "first" is deleted.
+    first = gpu_pod("first", 10, node="n", index="0", uid="first")
+    first["metadata"]["annotations"][contract.PREDICATE_TIME] = "1"
+    first["status"]["phase"] = "Running"
+    first["status"]["containerStatuses"] = [{"name": "cuda-container"}]
+    second = gpu_pod("second", 10, node="n", index="0", uid="second")
+    second["metadata"]["annotations"][contract.PREDICATE_TIME] = "2"
+    second["metadata"]["annotations"][contract.GPU_ASSIGNED] = "true"
+    served = {PodUid("second"): 1}
+    assert swapped_with(bound_pod(first), [bound_pod(first), bound_pod(second)], served) == "second"
+    other_card = placed("other", 10, index="1", at=3)
+    grant = match_container(
+        [bound_pod(second), other_card],  # "first" deleted since
+        {},
+        kind=MEMORY,
+        count=10,
+        inventory=inventory([100, 100]),
+        reopened=frozenset({PodUid("second")}),
+    )
+    assert grant.pod.name == "second"
     assert grant.env[contract.ENV_VISIBLE_DEVICES] == "0"

@@ -109,6 +109,8 @@ def test_one_option_per_field_each_with_its_own_variable_and_flag() -> None:
         "memoryUnitMiB",
         "podMemoryLimits",
         "setSchedulerName",
+        "overUsePolicy",
+        "overUseGraceSeconds",
     }
 
 

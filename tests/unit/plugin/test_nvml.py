@@ -89,6 +89,23 @@ class StandInNvml:
     def nvmlEventSetFree(self, events: str) -> None:
         self.calls.append("free")
 
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
+        error = self.cards[handle].get("processes_error")
+        if error is not None:
+            raise NVMLError(error)
+        return [
+            SimpleNamespace(pid=p, usedGpuMemory=m)
+            for p, m in self.cards[handle].get("compute", [])
+        ]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
+        if self.cards[handle].get("graphics") is None:
+            raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED)  # a compute-only card
+        return [
+            SimpleNamespace(pid=p, usedGpuMemory=m)
+            for p, m in self.cards[handle].get("graphics", [])
+        ]
+
 
 def h200s(count: int = 2) -> StandInNvml:
     return StandInNvml(
@@ -154,3 +171,19 @@ def test_close_frees_events_and_shuts_nvml_down() -> None:
     discovery.wait_event(1)
     discovery.close()
     assert nvml.calls == ["init", "free", "shutdown"]
+
+
+def test_each_cards_processes_are_listed_and_a_card_that_cannot_say_is_a_problem() -> None:
+    nvml = h200s(3)
+    nvml.cards[0]["compute"] = [(4711, 3590 * MIB), (4712, None)]  # None: NVML cannot say
+    nvml.cards[0]["graphics"] = [(4711, 100 * MIB)]  # also a graphics process: counted once
+    nvml.cards[1]["processes_error"] = 15  # GPU is lost
+    nvml.cards[2]["compute"] = [(99, 512 * MIB)]
+    found = NvmlDiscovery(nvml).processes()  # type: ignore[arg-type]
+    assert sorted((p.pid, p.card, p.used_mib) for p in found.found) == [
+        (99, 2, 512),
+        (4711, 0, 3590),
+        (4712, 0, None),
+    ]
+    assert len(found.problems) == 1
+    assert "card 1: NVML could not list its processes" in found.problems[0]

@@ -95,6 +95,10 @@ async def test_the_components_need_no_more_than_their_roles(
             contract.ENV_VISIBLE_DEVICES: "0",
             contract.ENV_GPU_ALLOCATED: "1024",
             contract.ENV_GPU_MEMORY_TOTAL: "11178",
+            # The frameworks' limits: 1024 MiB less one CUDA context (512) of 11178 MiB.
+            contract.ENV_PYTORCH_ALLOC_CONF: "per_process_memory_fraction:0.045804",
+            contract.ENV_JAX_MEM_FRACTION: "0.045804",
+            contract.ENV_TF_ALLOW_GROWTH: "true",
         }
     for process in (operator, node.plugin):
         # Every refusal the apiserver gives reads "... is forbidden: User ... cannot ...".

@@ -24,6 +24,7 @@ from gpushare.kube import raw_json
 from gpushare.model import contract
 from gpushare.model.annotations import CardIndex
 from gpushare.model.devices import CardDevices, memory_message_size, smallest_fitting_unit
+from gpushare.model.limits import LimitSettings, framework_limits
 from gpushare_harness import ControlPlane
 from gpushare_harness.controlplane import free_port
 
@@ -33,10 +34,13 @@ GUIDE_CARD = 11178
 
 
 def guide_env(card: str, allocated: int, total: int = GUIDE_CARD) -> dict[str, str]:
+    """What Allocate gives a gpu-memory container: Volcano's three variables and the
+    frameworks' limits for its share (gpushare.model.limits, the plugin's defaults)."""
     return {
         contract.ENV_VISIBLE_DEVICES: card,
         contract.ENV_GPU_ALLOCATED: str(allocated),
         contract.ENV_GPU_MEMORY_TOTAL: str(total),
+        **framework_limits(allocated, total, LimitSettings()).env,
     }
 
 

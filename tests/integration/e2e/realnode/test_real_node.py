@@ -29,6 +29,7 @@ from typing import Any, cast
 import aiohttp
 import pytest
 import pytest_asyncio
+import yaml
 from cluster import (
     create_pod,
     events_of,
@@ -43,6 +44,7 @@ from kubernetes_asyncio import client
 from gpushare import kube
 from gpushare.kube import raw_json
 from gpushare.model import contract
+from gpushare.model.measured import container_of
 from gpushare_harness import nodeteardown
 from gpushare_harness.burst import BurstWatch, inventories, live_packing, model_packing
 from gpushare_harness.crds import install_project_at
@@ -348,6 +350,128 @@ async def test_with_volume_mounts_the_cards_are_named_by_mounts_a_pod_cannot_set
     finally:
         node.plugin.stop()
         del node.plugin.env["DEVICE_LIST_STRATEGY"]
+        node.plugin.start()
+
+
+def container_pids(pod: dict[str, Any]) -> dict[str, int]:
+    """Each container's main process on the host, found as the plugin finds it: by the
+    container its cgroup names."""
+    ids = {
+        status["containerID"].partition("://")[2]: status["name"]
+        for status in pod["status"].get("containerStatuses", [])
+    }
+    found: dict[str, int] = {}
+    for cgroup in Path("/proc").glob("[0-9]*/cgroup"):
+        with contextlib.suppress(OSError):
+            place = container_of(cgroup.read_text())
+            if place and place.container_id in ids:
+                pid = int(cgroup.parent.name)
+                name = ids[place.container_id]
+                found[name] = min(pid, found.get(name, pid))
+    return found
+
+
+async def test_what_containers_hold_is_measured_and_an_over_user_alone_is_warned_then_evicted(
+    real: Cluster, core: client.CoreV1Api, tmp_path: Path
+) -> None:
+    node = real.coarse
+    cards = [{"memoryMiB": 81920}] + [{"memoryMiB": 11178}] * 4
+    spec = tmp_path / "cards.yaml"
+    spec.write_text(yaml.safe_dump({"cards": cards}))
+    node.plugin.stop()
+    inline = node.plugin.fake_gpus
+    node.plugin.fake_gpus = f"@{spec}"
+    node.plugin.env["GPUSHARE_USAGE_INTERVAL_SECONDS"] = "0.5"
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "apiVersion: gpushare.io/v1alpha1\nkind: GPUShareConfig\nmetadata: {name: default}\n"
+        "spec: {overUsePolicy: Warn, overUseGraceSeconds: 2}\n"
+    )
+    budget = tmp_path / "budget.yaml"
+    budget.write_text(
+        "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: hog}\n"
+        "spec: {minAvailable: 1, selector: {matchLabels: {app: hog}}}\n"
+    )
+    try:
+        node.plugin.start()
+        real.kubectl("apply", "-f", str(config))
+        pods = {}
+        for name in ("hog", "neighbour"):
+            body = on(node, name, 1024)
+            body["metadata"]["labels"] = {"app": name}
+            await create_pod(core, body)
+        for name in ("hog", "neighbour"):
+            pods[name] = await running(core, name)
+        held = {"hog": 3000, "neighbour": 800}  # the hog holds past its 1024 MiB
+        processes = [
+            {
+                "pid": container_pids(pods[name])["cuda-container"],
+                "card": int(str(gpu_index(pods[name]))),
+                "usedMiB": mib,
+            }
+            for name, mib in held.items()
+        ]
+        spec.write_text(yaml.safe_dump({"cards": cards, "processes": processes}))
+
+        async def measured() -> dict[str, tuple[int, int]] | None:
+            body = await raw_json(
+                client.CustomObjectsApi(core.api_client).get_cluster_custom_object(  # type: ignore[attr-defined]
+                    "gpushare.io", "v1alpha1", "gpunodes", node.real.name, _preload_content=False
+                )
+            )
+            found = {
+                entry["pod"].partition("/")[2]: (entry["usedMiB"], entry["grantedMiB"])
+                for card in body.get("status", {}).get("cards", [])
+                for entry in card.get("containers", [])
+            }
+            return found if len(found) == len(held) else None
+
+        assert await eventually(measured, timeout_s=30, what="the measured use in the status") == {
+            "hog": (3000, 1024),
+            "neighbour": (800, 1024),
+        }
+
+        async def warned(name: str, words: str) -> list[str] | None:
+            events = await events_of(core, name)
+            found = [e["message"] for e in events if e["reason"] == "GPUMemoryOverUse"]
+            return found if any(words in message for message in found) else None
+
+        (warning, *_) = await eventually(
+            lambda: warned("hog", "holds 3000 MiB"), timeout_s=30, what="the over-use Event"
+        )
+        assert "was granted 1024 MiB there" in warning
+        real.kubectl("apply", "-f", str(budget))
+        real.kubectl(
+            "patch", "gpushareconfig", "default", "--type", "merge",
+            "-p", '{"spec": {"overUsePolicy": "Evict"}}',
+        )  # fmt: skip
+        await eventually(
+            lambda: warned("hog", "Evicting it was refused"),
+            timeout_s=30,
+            what="the eviction refused by the PodDisruptionBudget",
+        )
+        assert (await read_pod(core, "hog"))["metadata"].get("deletionTimestamp") is None
+        real.kubectl("delete", "-f", str(budget))
+
+        async def evicted() -> bool:
+            pod = await raw_json(
+                core.list_namespaced_pod(
+                    "default", field_selector="metadata.name=hog", _preload_content=False
+                )
+            )
+            return not pod["items"] or bool(pod["items"][0]["metadata"].get("deletionTimestamp"))
+
+        await eventually(evicted, timeout_s=40, what="the hog evicted")
+        neighbour = await read_pod(core, "neighbour")
+        assert neighbour["status"]["phase"] == "Running"
+        assert neighbour["metadata"].get("deletionTimestamp") is None
+        assert not [e for e in await events_of(core, "neighbour") if "OverUse" in e["reason"]]
+    finally:
+        real.kubectl("delete", "-f", str(budget), "--ignore-not-found", check=False)
+        real.kubectl("delete", "-f", str(config), "--ignore-not-found", check=False)
+        node.plugin.stop()
+        node.plugin.fake_gpus = inline
+        del node.plugin.env["GPUSHARE_USAGE_INTERVAL_SECONDS"]
         node.plugin.start()
 
 

@@ -1,0 +1,174 @@
+"""What each container really holds on the cards, measured every few seconds.
+
+A measurement: the driver's processes on each card (`Discovery.processes`: NVML on a GPU node,
+the fake spec's `processes:` elsewhere), each pid's cgroup read under `--proc-root` (the
+host's /proc: the DaemonSet runs with hostPID), mapped to the pods bound to this node and
+their containers (`gpushare.model.measured`), beside what each container was granted: this
+plugin's own record of what Allocate gave it (`Allocator.granted`), or, for a container
+served before a restart, the same grant worked out again from its pod (`container_grant`).
+
+Published three ways: Prometheus gauges per container and card (used and granted bytes,
+with the node), and the GPUNode annotation `gpushare.io/measured-usage`, from which the
+operator writes each card's measured use into the GPUNode's status and judges over-use.
+The annotation is written when what it says changes, and at least every `refresh_s`, so
+that its time says how fresh it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from gpushare import logs
+from gpushare.kube import ApiError
+from gpushare.kube.clock import rfc3339
+from gpushare.model import contract
+from gpushare.model.allocation import (
+    BoundPod,
+    ContainerGrant,
+    NoCandidate,
+    VisibleDevices,
+    container_grant,
+)
+from gpushare.model.measured import (
+    CgroupPlace,
+    Grant,
+    MeasuredUsage,
+    Process,
+    container_of,
+    measure,
+)
+from gpushare.model.usage import PodUid
+from gpushare_plugin.devices import DeviceTable
+from gpushare_plugin.discovery import Discovery
+from gpushare_plugin.kubeapi import PluginApi
+from gpushare_plugin.metrics import PluginMetrics
+from gpushare_plugin.podcache import PodCache
+
+MIB = 1024 * 1024
+
+
+def read_places(pids: Iterable[int], proc_root: Path) -> dict[int, CgroupPlace | None]:
+    """Each pid's pod and container, from its cgroup file (None: gone, or in no container)."""
+    places: dict[int, CgroupPlace | None] = {}
+    for pid in pids:
+        try:
+            places[pid] = container_of((proc_root / str(pid) / "cgroup").read_text())
+        except OSError:
+            places[pid] = None  # it ended since the driver listed it
+    return places
+
+
+def grant_of(grant: ContainerGrant) -> Grant:
+    """A served container's grant per card: its MiB on its one card (gpu-memory), each card
+    whole (gpu-number)."""
+    if len(grant.cards) == 1:
+        return Grant({grant.cards[0].index: grant.allocated_mib})
+    return Grant({card.index: card.total_mib for card in grant.cards})
+
+
+class UsageMeter:
+    def __init__(
+        self,
+        *,
+        discovery: Discovery,
+        table: DeviceTable,
+        pods: PodCache,
+        granted: dict[tuple[PodUid, str], ContainerGrant],
+        api: PluginApi,
+        metrics: PluginMetrics,
+        proc_root: Path,
+        visible: VisibleDevices,
+        refresh_s: float,
+    ) -> None:
+        self._discovery = discovery
+        self._table = table
+        self._pods = pods
+        self._granted = granted
+        self._api = api
+        self._metrics = metrics
+        self._proc_root = proc_root
+        self._visible = visible
+        self._refresh_s = refresh_s
+        self._published: tuple[str, float] | None = None  # what was written, and when
+        self._problems: list[str] = []
+        self._log = logs.get("usage", node=table.node)
+
+    async def run(self, interval_s: float) -> None:
+        """Measure and publish every `interval_s`, until cancelled."""
+        await self._pods.synced.wait()
+        while True:
+            await self.measure_and_publish()
+            await asyncio.sleep(interval_s)
+
+    async def measure_and_publish(self) -> MeasuredUsage:
+        found = await asyncio.to_thread(self._discovery.processes)
+        if found.problems != self._problems:
+            self._problems = found.problems
+            for problem in found.problems:
+                self._log.warning("processes_not_listed", problem=problem)
+        processes = [Process(p.pid, p.card, p.used_mib) for p in found.found]
+        places = await asyncio.to_thread(read_places, {p.pid for p in processes}, self._proc_root)
+        pods = list(self._pods.pods())
+        measured = measure(
+            processes,
+            places,
+            {cid: (pod.ref, name) for pod in pods for cid, name in pod.container_ids.items()},
+            self._grants(pods),
+            at=rfc3339(),
+        )
+        self._export(measured)
+        await self._publish(measured)
+        return measured
+
+    def _grants(self, pods: list[BoundPod]) -> dict[tuple[PodUid, str], Grant]:
+        """This plugin's record of what it gave each container; for a container served
+        before it started (a restart), the grant worked out again from its pod."""
+        grants = {key: grant_of(grant) for key, grant in self._granted.items()}
+        inventory = self._table.inventory()
+        for pod in pods:
+            if pod.request is None or pod.request.kind is None or not pod.admitted:
+                continue
+            for position in range(len(pod.request.containers)):
+                try:
+                    grant = container_grant(pod, position, inventory, visible=self._visible)
+                except NoCandidate:
+                    break  # its annotations cannot say: its use is shown as over
+                grants.setdefault((pod.ref.uid, grant.container), grant_of(grant))
+        return grants
+
+    def _export(self, measured: MeasuredUsage) -> None:
+        used, granted = self._metrics.container_used_bytes, self._metrics.container_granted_bytes
+        used.clear()
+        granted.clear()
+        for use in measured.containers:
+            labels = (
+                self._table.node,
+                use.pod.namespace,
+                use.pod.name,
+                use.container,
+                str(use.card),
+            )
+            used.labels(*labels).set(use.used_mib * MIB)
+            granted.labels(*labels).set(use.granted_mib * MIB)
+        unmapped = self._metrics.unmapped_used_bytes
+        unmapped.clear()
+        for card, mib in measured.unmapped_mib.items():
+            unmapped.labels(self._table.node, str(card)).set(mib * MIB)
+
+    async def _publish(self, measured: MeasuredUsage) -> None:
+        text = measured.to_annotation()
+        content = text.split(',"cards":', 1)[-1]  # all but the time
+        now = time.monotonic()
+        if self._published is not None:
+            before, at = self._published
+            if before == content and now - at < self._refresh_s:
+                return
+        try:
+            await self._api.annotate_gpunode(self._table.node, {contract.MEASURED_USAGE: text})
+        except (ApiError, OSError, TimeoutError) as error:
+            self._log.warning("usage_publish_failed", error=repr(error))
+            return
+        self._published = (content, now)
