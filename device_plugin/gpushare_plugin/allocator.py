@@ -21,14 +21,13 @@ from gpushare.kube.retry import WRITE, retry, transient, wait_s
 from gpushare.model import contract
 from gpushare.model.allocation import (
     ContainerGrant,
-    DeviceListStrategy,
     NoCandidate,
-    VisibleDevices,
-    bound_pod,
     match_container,
     preferred_device_ids,
     unplaced_pods,
 )
+from gpushare.model.bound import bound_pod
+from gpushare.model.device_list import DeviceListStrategy, VisibleDevices
 from gpushare.model.limits import LimitSettings
 from gpushare.model.request import GpuKind
 from gpushare.model.usage import PodUid

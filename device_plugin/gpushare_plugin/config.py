@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gpushare import options
 from gpushare.model import contract
-from gpushare.model.allocation import DeviceListStrategy, VisibleDevices
+from gpushare.model.device_list import DeviceListStrategy, VisibleDevices
 from gpushare.model.limits import DEFAULT_CONTEXT_MIB, LimitSettings
 from gpushare.options import Option
 from gpushare_plugin.health import HealthPolicy

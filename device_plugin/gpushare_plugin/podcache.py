@@ -14,7 +14,8 @@ from collections.abc import Iterable
 
 from gpushare import logs
 from gpushare.kube.reflector import DELETED, Reflector
-from gpushare.model.allocation import BoundPod, bound_pod, swapped_with
+from gpushare.model.allocation import swapped_with
+from gpushare.model.bound import BoundPod, bound_pod
 from gpushare.model.usage import PodUid
 from gpushare_plugin.kubeapi import PluginApi
 

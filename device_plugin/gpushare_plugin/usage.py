@@ -25,13 +25,9 @@ from gpushare import logs
 from gpushare.kube import ApiError
 from gpushare.kube.clock import rfc3339
 from gpushare.model import contract
-from gpushare.model.allocation import (
-    BoundPod,
-    ContainerGrant,
-    NoCandidate,
-    VisibleDevices,
-    container_grant,
-)
+from gpushare.model.allocation import ContainerGrant, NoCandidate, container_grant
+from gpushare.model.bound import BoundPod
+from gpushare.model.device_list import VisibleDevices
 from gpushare.model.measured import (
     CgroupPlace,
     Grant,

@@ -1,5 +1,5 @@
 """The device plugin's Allocate decision: which pod and container the kubelet is starting,
-which card(s) it gets, and the environment that tells it so.
+which card(s) it gets, and what it is told (`device_list`) and given (`limits`).
 
 The kubelet's Allocate names device ids, never the pod. The plugin answers from the pods
 bound to its node that the scheduler placed (`gpu-index` set), not yet fully served, not
@@ -14,30 +14,31 @@ annotation naming a card the node lacks fails the call: no card is ever guessed.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass
 
 from gpushare.model import contract
-from gpushare.model.admission import MemoryAsked, memory_asked, units_for
+from gpushare.model.admission import units_for
 from gpushare.model.annotations import (
-    gpu_assigned,
     parse_card_indices,
-    predicate_time_ns,
 )
-from gpushare.model.bodies import Body, annotations_of, describe, path, sequence, text
+from gpushare.model.bound import BoundPod, kubelet_order
+from gpushare.model.device_list import (
+    DeviceListStrategy,
+    Mount,
+    VisibleDevices,
+    container_env,
+    device_mounts,
+)
 from gpushare.model.devices import card_of_memory_device
 from gpushare.model.errors import GpuShareError
 from gpushare.model.inventory import Card, NodeInventory
 from gpushare.model.limits import NONE, LimitSettings, framework_limits
-from gpushare.model.limits import wanted as limits_wanted
-from gpushare.model.request import ContainerRequest, GpuKind, PodRequest, gpu_request
+from gpushare.model.request import ContainerRequest, GpuKind, PodRequest
 from gpushare.model.usage import (
-    FINISHED_PHASES,
     Allocation,
     PodRef,
     PodUid,
     check_allocation,
-    pod_ref,
 )
 
 
@@ -51,143 +52,6 @@ class NoCandidate(GpuShareError):
     def __init__(self, message: str, *, pods: Sequence[BoundPod] = ()) -> None:
         super().__init__(message)
         self.pods = tuple(str(p.ref) for p in pods)
-
-
-class VisibleDevices(StrEnum):
-    """How NVIDIA_VISIBLE_DEVICES names the cards."""
-
-    INDEX = "index"
-    UUID = "uuid"
-
-
-class DeviceListStrategy(StrEnum):
-    """How the container runtime is told the cards, as NVIDIA's device plugin names it.
-
-    `envvar`: NVIDIA_VISIBLE_DEVICES lists them. A container's own env would win over it,
-    which the gpushare-gpu-env policy refuses; a variable from the image or `envFrom` is
-    beyond that policy. `volume-mounts`: NVIDIA_VISIBLE_DEVICES points at
-    `VOLUME_MOUNTS_ROOT`, under which one empty mount per card names it; with the NVIDIA
-    container toolkit's accept-nvidia-visible-devices-as-volume-mounts = true and
-    accept-nvidia-visible-devices-envvar-when-unprivileged = false, the runtime reads only
-    the mounts, which a pod cannot set."""
-
-    ENVVAR = "envvar"
-    VOLUME_MOUNTS = "volume-mounts"
-
-
-VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
-
-
-@dataclass(frozen=True, slots=True)
-class Mount:
-    """A host path the kubelet mounts into the container."""
-
-    container_path: str
-    host_path: str
-    read_only: bool = True
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class BoundPod:
-    """A pod bound to the plugin's node, read once per watch event."""
-
-    ref: PodRef
-    resource_version: str
-    active: bool
-    """Neither terminating nor finished."""
-    assigned: bool
-    """`gpu-assigned` is exactly "true" (`annotations.gpu_assigned`)."""
-    predicate_time: int | None
-    request: PodRequest | None
-    """None when the request cannot be read (`problem` says why)."""
-    gpu_index: str | None
-    """The raw `gpu-index` annotation; None when absent."""
-    scheduler: str
-    bound: bool = True
-    """Bound by a scheduler's Binding (the apiserver then sets PodScheduled=True), not created
-    on the node directly with spec.nodeName, which no scheduler ever saw."""
-    problem: str | None = None
-    asked: MemoryAsked | None = None
-    """What the admission webhook recorded: the unit and each container's MiB."""
-    env_names: Mapping[str, frozenset[str]] = field(default_factory=dict)
-    """Each container's own env names (its values win over what Allocate returns)."""
-    container_ids: Mapping[str, str] = field(default_factory=dict)
-    """Each started container's runtime id (without `containerd://`) -> its name."""
-    framework_limits: bool = True
-    """It takes the frameworks' limits (not annotated `framework-limits: off`)."""
-    admitted: bool = False
-    """The kubelet has admitted it (its status lists containers, or it is past Pending): it
-    allocates every container's devices when it admits a pod, so an admitted pod is never
-    the one an Allocate is for, whatever its annotations say. (It may have been admitted with
-    the grant served under another pod's name: `swapped_with` moves the record.)"""
-
-    @property
-    def waiting(self) -> bool:
-        """Has a placement and is not yet served (whose placement: see `match_container`)."""
-        return (
-            self.active
-            and not self.assigned
-            and not self.admitted
-            and self.gpu_index is not None
-            and self.request is not None
-            and self.request.kind is not None
-        )
-
-
-def bound_pod(pod: Body) -> BoundPod:
-    meta = path(pod, "metadata")
-    annotations = annotations_of(pod)
-    request: PodRequest | None
-    problem = None
-    asked = None
-    try:
-        request = gpu_request(pod)
-        asked = memory_asked(annotations, owner=describe(pod, "pod"))
-    except GpuShareError as error:
-        request, problem = None, str(error)
-    status = path(pod, "status")
-    phase = text(status.get("phase"))
-    spec = path(pod, "spec")
-    return BoundPod(
-        ref=pod_ref(pod),
-        resource_version=text(meta.get("resourceVersion")) or "",
-        active=meta.get("deletionTimestamp") is None and phase not in FINISHED_PHASES,
-        admitted=phase not in (None, "Pending")
-        or bool(status.get("containerStatuses") or status.get("initContainerStatuses")),
-        assigned=gpu_assigned(annotations),
-        predicate_time=predicate_time_ns(annotations),
-        request=request,
-        gpu_index=annotations.get(contract.GPU_INDEX),
-        scheduler=text(path(pod, "spec").get("schedulerName")) or "default-scheduler",
-        bound=any(
-            isinstance(c, dict) and c.get("type") == "PodScheduled" and c.get("status") == "True"
-            for c in status.get("conditions") or []
-        ),
-        problem=problem,
-        asked=asked,
-        env_names={
-            text(c.get("name")) or "": frozenset(
-                text(e.get("name")) or "" for e in sequence(c.get("env")) if isinstance(e, dict)
-            )
-            for field_name in ("containers", "initContainers")
-            for c in sequence(spec.get(field_name))
-            if isinstance(c, dict)
-        },
-        container_ids={
-            cid.partition("://")[2] or cid: text(c.get("name")) or ""
-            for field_name in ("containerStatuses", "initContainerStatuses")
-            for c in sequence(status.get(field_name))
-            if isinstance(c, dict) and (cid := text(c.get("containerID")) or "")
-        },
-        framework_limits=limits_wanted(annotations),
-    )
-
-
-def kubelet_order(request: PodRequest) -> tuple[ContainerRequest, ...]:
-    """GPU containers in the order the kubelet allocates them: init containers, then app."""
-    return tuple(c for c in request.containers if c.init) + tuple(
-        c for c in request.containers if not c.init
-    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -441,53 +305,6 @@ def _container_cards(
         elif not container.init:
             offset += container.amount
     raise NoCandidate(f"container position {position} is past the pod's GPU containers")
-
-
-def card_names(cards: Sequence[Card], visible: VisibleDevices) -> list[str]:
-    """How the container runtime is told each card: its index or its UUID."""
-    if visible is VisibleDevices.UUID:
-        return [card.uuid or str(card.index) for card in cards]
-    return [str(card.index) for card in cards]
-
-
-def container_env(
-    kind: GpuKind,
-    allocated_mib: int,
-    cards: Sequence[Card],
-    visible: VisibleDevices = VisibleDevices.INDEX,
-    strategy: DeviceListStrategy = DeviceListStrategy.ENVVAR,
-) -> dict[str, str]:
-    """The three variables Volcano's guide documents, for this container and its cards.
-
-    A gpu-memory container is allocated the MiB it asked (`allocated_mib`) on its one card; a
-    gpu-number container is allocated its cards whole, so both variables carry their total MiB.
-    With `volume-mounts`, NVIDIA_VISIBLE_DEVICES names the folder of the mounts instead.
-    """
-    total = sum(card.total_mib for card in cards)
-    allocated = allocated_mib if kind is GpuKind.MEMORY else total
-    visible_devices = (
-        VOLUME_MOUNTS_ROOT
-        if strategy is DeviceListStrategy.VOLUME_MOUNTS
-        else ",".join(card_names(cards, visible))
-    )
-    return {
-        contract.ENV_VISIBLE_DEVICES: visible_devices,
-        contract.ENV_GPU_ALLOCATED: str(allocated),
-        contract.ENV_GPU_MEMORY_TOTAL: str(total),
-    }
-
-
-def device_mounts(
-    cards: Sequence[Card], visible: VisibleDevices, strategy: DeviceListStrategy
-) -> tuple[Mount, ...]:
-    """`volume-mounts`: an empty file per card under `VOLUME_MOUNTS_ROOT`, its name the card's
-    (the NVIDIA container toolkit reads the names); none for `envvar`."""
-    if strategy is not DeviceListStrategy.VOLUME_MOUNTS:
-        return ()
-    return tuple(
-        Mount(container_path=f"{VOLUME_MOUNTS_ROOT}/{name}", host_path="/dev/null")
-        for name in card_names(cards, visible)
-    )
 
 
 def unplaced_pods(

@@ -18,7 +18,8 @@ from gpushare.model.admission import (
     memory_asked,
     units_for,
 )
-from gpushare.model.allocation import NoCandidate, bound_pod, match_container
+from gpushare.model.allocation import NoCandidate, match_container
+from gpushare.model.bound import bound_pod
 from gpushare.model.inventory import NodeInventory, NodeName, inventory_from_spec
 from gpushare.model.placement import Policy, place
 from gpushare.model.request import GpuKind, gpu_request

@@ -9,15 +9,13 @@ from builders import gpu_pod, gpunode_resource
 
 from gpushare.model import contract
 from gpushare.model.allocation import (
-    BoundPod,
-    DeviceListStrategy,
     NoCandidate,
-    VisibleDevices,
-    bound_pod,
     match_container,
     preferred_device_ids,
     swapped_with,
 )
+from gpushare.model.bound import BoundPod, bound_pod
+from gpushare.model.device_list import DeviceListStrategy, VisibleDevices
 from gpushare.model.inventory import NodeInventory, NodeName, inventory_from_spec
 from gpushare.model.request import GpuKind
 from gpushare.model.usage import PodUid

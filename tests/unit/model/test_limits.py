@@ -5,7 +5,8 @@ from __future__ import annotations
 from builders import gpu_pod, gpunode_resource
 
 from gpushare.model import contract
-from gpushare.model.allocation import bound_pod, match_container
+from gpushare.model.allocation import match_container
+from gpushare.model.bound import bound_pod
 from gpushare.model.inventory import NodeName, inventory_from_spec
 from gpushare.model.limits import LimitSettings, framework_limits
 from gpushare.model.request import GpuKind

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpushare.model import contract
-from gpushare.model.allocation import VisibleDevices
+from gpushare.model.device_list import VisibleDevices
 from gpushare_plugin.config import DEFAULT_SOCKET_DIR, ConfigError, load, parser
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from builders import gpu_pod
 
 from gpushare.model import contract
-from gpushare.model.allocation import bound_pod
+from gpushare.model.bound import bound_pod
 from gpushare.model.usage import PodUid
 from gpushare_plugin.podcache import PodCache
 

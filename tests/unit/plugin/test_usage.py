@@ -13,7 +13,8 @@ import yaml
 from builders import gpu_pod
 
 from gpushare.model import contract
-from gpushare.model.allocation import VisibleDevices, bound_pod
+from gpushare.model.bound import bound_pod
+from gpushare.model.device_list import VisibleDevices
 from gpushare.model.measured import MeasuredUsage
 from gpushare_plugin.devices import DeviceTable
 from gpushare_plugin.discovery.fake import FakeDiscovery

@@ -33,8 +33,8 @@ from kubernetes_asyncio import client
 
 from gpushare.kube import ApiError, raw_json
 from gpushare.model import contract
-from gpushare.model.allocation import kubelet_order
 from gpushare.model.annotations import parse_card_indices
+from gpushare.model.bound import kubelet_order
 from gpushare.model.inventory import NodeInventory, node_inventory
 from gpushare.model.request import GpuKind, gpu_request
 from gpushare.model.usage import Ledger, check_allocation, claim_of
