@@ -55,6 +55,8 @@ class Cluster:
     pods' gpu-memory limits are converted to the cluster's unit."""
     podgroups: list[tuple[GroupApi, Item]] = field(default_factory=list)
     """Volcano's and the coscheduling PodGroups (where their CRDs are installed)."""
+    budgets: list[Item] = field(default_factory=list)
+    """The PodDisruptionBudgets (empty where this user may not list them all)."""
 
 
 def context_namespace(kubeconfig: Path | None, context: str | None) -> str:
@@ -95,6 +97,7 @@ async def read_cluster(kubeconfig: Path | None, context: str | None = None) -> C
                 optional=True,
             )
             podgroups = await _podgroups(objects)
+            budgets = await _budgets(client.PolicyV1Api(api))
             live: Item = await _read(
                 lambda: kube.raw_json(
                     objects.get_cluster_custom_object(
@@ -127,6 +130,7 @@ async def read_cluster(kubeconfig: Path | None, context: str | None = None) -> C
         leader=leader,
         converts=webhook,
         podgroups=podgroups,
+        budgets=budgets,
     )
 
 
@@ -202,6 +206,17 @@ async def _podgroups(objects: client.CustomObjectsApi) -> list[tuple[GroupApi, I
             if error.status != 403:
                 raise
     return found
+
+
+async def _budgets(policy: client.PolicyV1Api) -> list[Item]:
+    """Every PodDisruptionBudget; none when this user may not list them cluster-wide (what
+    preemption would evict is then shown as if no budget protected a pod)."""
+    try:
+        return await list_all(policy.list_pod_disruption_budget_for_all_namespaces)
+    except ApiError as error:
+        if error.status == 403:
+            return []
+        raise
 
 
 async def list_all(call: ListCall, *, optional: bool = False) -> list[Item]:

@@ -148,6 +148,12 @@ def explain_json(report: Explanation) -> dict[str, Any]:
             shown["freeLeft"] = free_left(outcome.placement)
         return shown
     shown["reason"] = outcome.reason
+    if (preemption := outcome.preemption) is not None:
+        shown["preempts"] = {
+            "node": preemption.placement.node,
+            "cards": list(preemption.placement.cards),
+            "victims": [str(ref) for ref in preemption.victims],
+        }
     shown["nodes"] = [_verdict_json(verdict) for verdict in outcome.nodes]
     return shown
 
@@ -199,6 +205,10 @@ def render_explain(report: Explanation) -> str:
         lines.append(f"{outcome.state.value} ({outcome.policy.value}): {where}")
         return "\n".join(lines)
     lines.append(f"{outcome.state.value}: {outcome.reason}")
+    if (preemption := outcome.preemption) is not None:
+        cards = ",".join(map(str, preemption.placement.cards))
+        victims = ", ".join(map(str, preemption.victims))
+        lines.append(f"would evict, on {preemption.placement.node} card {cards}: {victims}")
     if outcome.nodes:
         rows = [("NODE", "WHY NOT", "CARDS")]
         rows += [

@@ -29,8 +29,9 @@ from gpushare.model import (
     diagnose,
 )
 from gpushare.model.bodies import Body, annotations_of, path, text
-from gpushare.model.gangs import group_of
+from gpushare.model.gangs import GroupSpec, group_of
 from gpushare.model.measured import MeasuredUsage, measured_of
+from gpushare.model.preemption import Preemption
 from gpushare.model.usage import CardUsage
 from gpushare_cli.errors import CliError
 from gpushare_cli.read import Cluster
@@ -39,6 +40,7 @@ from gpushare_operator.scheduling.cache import SchedulerCache
 from gpushare_operator.scheduling.decision import Plan, Refusal, plan
 from gpushare_operator.scheduling.gangs import GangBook, decide_gang
 from gpushare_operator.scheduling.podinfo import Demand, PodInfo
+from gpushare_operator.scheduling.preemption import Room, make_room
 
 
 def build_cache(cluster: Cluster) -> SchedulerCache:
@@ -49,6 +51,8 @@ def build_cache(cluster: Cluster) -> SchedulerCache:
         cache.observe_gpunode(resource)
     for pod in cluster.pods:
         cache.observe_pod(PodInfo.parse(pod))
+    for budget in cluster.budgets:
+        cache.observe_budget(budget)
     return cache
 
 
@@ -224,6 +228,8 @@ class Unplaceable:
     nodes: tuple[NodeVerdict, ...]
     never: bool
     """It would not fit even if no other pod were running: waiting will not help."""
+    preemption: Preemption | None = None
+    """What the operator would evict to make room for it now (preemption on)."""
 
     @property
     def state(self) -> State:
@@ -300,11 +306,23 @@ def explain(cluster: Cluster, pod: Body, *, simulated: bool = False) -> Explanat
         )
     else:
         on_empty = plan(build_cache(replace(cluster, pods=[])), info, config.policy)
+        reason, preemption = decided.message, None
+        spec = gangs.spec(info.group) if info.group is not None else None
+        single = spec is None or (isinstance(spec, GroupSpec) and not spec.is_gang)
+        if config.preemption and single:  # as the operator: single pods preempt
+            room = make_room(
+                cache, _all_gangs(cluster), info, decided, priority=gangs.priority_of(info)
+            )
+            if isinstance(room, Room):
+                reason, preemption = room.refusal.message, room.preemption
+            else:
+                reason = room.message
         outcome = Unplaceable(
             policy=config.policy,
-            reason=decided.message,
+            reason=reason,
             nodes=_verdicts(cache, info),
             never=isinstance(on_empty, Refusal),
+            preemption=preemption,
         )
     return Explanation(
         pod=name,
@@ -340,6 +358,17 @@ def _gang_of(cluster: Cluster, cache: SchedulerCache, pod: PodInfo) -> tuple[Gan
         f"{spec.key} ({spec.key.api.group}): minMember {spec.min_member}; its pods now: "
         f"{members.bound} bound ({members.running} running), {members.pending} pending"
     )
+
+
+def _all_gangs(cluster: Cluster) -> GangBook:
+    """Every PodGroup and its members: preemption weighs what evicting a member costs."""
+    book = GangBook()
+    for api, item in cluster.podgroups:
+        book.observe_group(api, item)
+    for body in cluster.pods:
+        if group_of(body) is not None:
+            book.observe_member(PodInfo.parse(body))
+    return book
 
 
 def _decide(

@@ -63,6 +63,7 @@ class OperatorConfig:
     set_scheduler_name: bool = False
     over_use_policy: OverUsePolicy = OverUsePolicy.WARN
     over_use_grace_s: float = 30.0
+    preemption: bool = True
     webhook_port: int = 9443
     webhook_address: str = "127.0.0.1"  # the manifests set 0.0.0.0: the Service's pod IP
     webhook_hosts: frozenset[str] = frozenset({"gpushare-webhook.gpushare-system.svc"})
@@ -351,6 +352,16 @@ OPTIONS = (
         schema=_SECONDS_SCHEMA,
         parse=_seconds,
         help="seconds a container stays over its grant before the over-use policy acts",
+    ),
+    Option(
+        field="preemption",
+        env="GPUSHARE_PREEMPTION",
+        flag="--preemption",
+        live="preemption",
+        schema={"type": "boolean"},
+        parse=options.boolean,
+        help="true | false: a pending GPU pod that fits no card evicts pods of lower "
+        "priority from the one card (or node, for whole cards) where that costs least",
     ),
     Option(
         field="webhook_port",

@@ -2,8 +2,9 @@
 kube-scheduler keeps its informer handlers in `eventhandlers.go`.
 
 Its sources: the reflectors' events and LISTs (pods, nodes, GPUNodes, PodGroups,
-PriorityClasses), and the scheduler's own findings (a bind answered 404 is a deletion, a 409
-is read back), which the scheduler puts on the `findings` queue rather than calling in. Each
+PriorityClasses, PodDisruptionBudgets), and the scheduler's own findings (a bind answered
+404 is a deletion, a 409 is read back), which the scheduler puts on the `findings` queue
+rather than calling in. Each
 event is checked against the newest version already taken (the stale filter), then handed to
 the cache, the gang book and the queue. What an event calls for beyond the cache is queue
 work that the decision loop carries out: a pod to schedule, parked pods to wake, a gang that
@@ -188,6 +189,23 @@ class Intake:
     def listed_priority_classes(self, names: set[str], version: str) -> None:
         for name in self.gangs.priority_class_names() - names:
             self.gangs.forget_priority_class(name)
+
+    # -- PodDisruptionBudgets ------------------------------------------------------------
+
+    def budget_event(self, event_type: str, body: Body) -> None:
+        """A PodDisruptionBudget: which sets of victims preemption may choose."""
+        meta = path(body, "metadata")
+        namespace, name = text(meta.get("namespace")) or "", text(meta.get("name")) or ""
+        if event_type == DELETED:
+            self.cache.forget_budget(namespace, name)
+            self.queue.wake()
+        elif self.cache.observe_budget(body):
+            self.queue.wake()  # it allows more: a preemption it blocked may go now
+
+    def listed_budgets(self, names: set[str], version: str) -> None:
+        for namespace, name in self.cache.budget_keys():
+            if f"{namespace}/{name}" not in names:
+                self.cache.forget_budget(namespace, name)
 
     def _log_once(self, key: str, message: str) -> None:
         if self._logged_problems.get(key) != message:

@@ -6,9 +6,9 @@ them: gpushare.kube.protobuf), gpunodes/status, gpushareconfigs/status, PodGroup
 status (Volcano's and the coscheduling API's), pods/eviction (a gang's bound pods, when it
 fell below its minimum before it ran), Leases, the admission webhook's Secret (created
 once) and its MutatingWebhookConfiguration's caBundle.
-Reads of pods, nodes, GPUNodes, PodGroups and PriorityClasses: each resource's list call, for
-the Reflector that lists and watches it (gpushare.kube.reflector); single pods are read back
-after a refused bind.
+Reads of pods, nodes, GPUNodes, PodGroups, PriorityClasses and PodDisruptionBudgets: each
+resource's list call, for the Reflector that lists and watches it (gpushare.kube.reflector);
+single pods are read back after a refused bind.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ COMPONENT = "gpushare-scheduler"
 
 class SchedulerApi(Protocol):
     def lister(self, resource: str) -> ListCall:
-        """The list (and watch) call of `pods`, `nodes`, `gpunodes`, `priorityclasses`, or
+        """The list (and watch) call of `pods`, `nodes`, `gpunodes`, `priorityclasses`,
+        `poddisruptionbudgets`, or
         the PodGroups of a `GroupApi` (its name), for a Reflector."""
         ...
 
@@ -49,10 +50,12 @@ class SchedulerApi(Protocol):
         resource_version: int | None,
         *,
         transition: bool,
+        nominated: str | None = None,
     ) -> None:
         """PodScheduled=False, only on the pod as it was at `resource_version` (ApiError 409
         once it has changed: bound meanwhile, it must not be marked unschedulable).
-        `transition`: the condition was not False before, so its lastTransitionTime moves."""
+        `transition`: the condition was not False before, so its lastTransitionTime moves.
+        `nominated`: `status.nominatedNodeName` too (the pod preempted there)."""
         ...
 
     async def post_event(self, pod: PodRef, *, event_type: str, reason: str, message: str) -> str:
@@ -102,6 +105,7 @@ class KubeSchedulerApi:
         self._api = api
         self._core = client.CoreV1Api(api)
         self._scheduling = client.SchedulingV1Api(api)
+        self._policy = client.PolicyV1Api(api)
         self._objects = client.CustomObjectsApi(api)
         self._leases = client.CoordinationV1Api(api)
         self._admission = client.AdmissionregistrationV1Api(api)
@@ -115,6 +119,8 @@ class KubeSchedulerApi:
             return self._core.list_node
         if resource == "priorityclasses":
             return self._scheduling.list_priority_class
+        if resource == "poddisruptionbudgets":
+            return self._policy.list_pod_disruption_budget_for_all_namespaces
         if resource in GroupApi.__members__:
             api = GroupApi[resource]
             return functools.partial(
@@ -150,6 +156,7 @@ class KubeSchedulerApi:
         resource_version: int | None,
         *,
         transition: bool,
+        nominated: str | None = None,
     ) -> None:
         condition = {
             "type": "PodScheduled",
@@ -162,6 +169,8 @@ class KubeSchedulerApi:
         # Strategic merge: conditions merge by type; the pod's other conditions stay. The
         # resourceVersion makes it a precondition: the write was decided on that pod.
         body: dict[str, Any] = {"status": {"conditions": [condition]}}
+        if nominated is not None:  # as kube-scheduler nominates a pod that preempted
+            body["status"]["nominatedNodeName"] = nominated
         if resource_version is not None:
             body["metadata"] = {"resourceVersion": str(resource_version)}
         await raw_json(

@@ -66,6 +66,20 @@ class SchedulerMetrics:
             registry=self.registry,
         )
 
+        # kube-scheduler: preemption_attempts_total and preemption_victims.
+        self.preemption_attempts = Counter(
+            "gpushare_preemption_attempts_total",
+            "Pods that fit no card for which preemption was tried, by result (nominated: "
+            "victims chosen; none: no eligible set).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.preemption_victims = Counter(
+            "gpushare_preemption_victims_total",
+            "Pods evicted to make room for pods of higher priority.",
+            registry=self.registry,
+        )
+
     def serve(self, port: int) -> None:
         if port:
             start_http_server(port, registry=self.registry)

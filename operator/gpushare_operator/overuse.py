@@ -75,7 +75,7 @@ class OverUseGuard:
         log = self._log.bind(pod=str(pod), node=action.node, card=action.use.card)
         if not action.evict:
             log.warning("over_use", container=action.use.container, message=action.message)
-            self._reporter.warn(pod, OVER_USE, action.message)
+            self._reporter.event(pod, OVER_USE, action.message, warning=True)
             self._metrics.over_use.labels("warned").inc()
             return
         try:
@@ -91,9 +91,9 @@ class OverUseGuard:
                 f"PodDisruptionBudget?); tried again in {grace:.0f} s"
             )
             log.warning("over_use_eviction_refused", error=refusal)
-            self._reporter.warn(pod, OVER_USE, message)
+            self._reporter.event(pod, OVER_USE, message, warning=True)
             self._metrics.over_use.labels("eviction_refused").inc()
             return
         log.warning("over_use_evicted", container=action.use.container)
-        self._reporter.warn(pod, OVER_USE, f"{action.message}. Evicted")
+        self._reporter.event(pod, OVER_USE, f"{action.message}. Evicted", warning=True)
         self._metrics.over_use.labels("evicted").inc()

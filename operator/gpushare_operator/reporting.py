@@ -85,12 +85,19 @@ class Reporter:
         self._ready.set()
 
     def unschedulable(
-        self, pod: PodRef, message: str, resource_version: int | None, *, already: bool
+        self,
+        pod: PodRef,
+        message: str,
+        resource_version: int | None,
+        *,
+        already: bool,
+        nominated: str | None = None,
     ) -> None:
         """PodScheduled=False and a FailedScheduling event, unless the pod has changed since
         the decision (`resource_version`): a report still queued when the pod is bound must
         not mark the bound pod unschedulable (the device plugin serves only pods that the
-        apiserver marked scheduled). `already`: the condition is False already."""
+        apiserver marked scheduled). `already`: the condition is False already. `nominated`:
+        the node the pod preempted on, written as `status.nominatedNodeName` with it."""
         if self._last.get(pod.uid) == message:
             return
         self._last[pod.uid] = message
@@ -99,7 +106,12 @@ class Reporter:
             try:
                 await _written(
                     lambda: self._api.set_unschedulable(
-                        pod, UNSCHEDULABLE, message, resource_version, transition=not already
+                        pod,
+                        UNSCHEDULABLE,
+                        message,
+                        resource_version,
+                        transition=not already,
+                        nominated=nominated,
                     )
                 )
             except ApiError as error:
@@ -153,13 +165,14 @@ class Reporter:
 
         self._enqueue(pod, report)
 
-    def warn(self, pod: PodRef, reason: str, message: str) -> None:
-        """A Warning Event on the pod (over-use, say), written by the workers as the rest."""
+    def event(self, pod: PodRef, reason: str, message: str, *, warning: bool = False) -> None:
+        """An Event on the pod (over-use, preemption), written by the workers as the rest."""
+        event_type = "Warning" if warning else "Normal"
 
         async def report() -> None:
             await _written(
                 lambda: self._api.post_event(
-                    pod, event_type="Warning", reason=reason, message=message
+                    pod, event_type=event_type, reason=reason, message=message
                 )
             )
 

@@ -159,10 +159,20 @@ class Runtime:
             key=name_of,
             optional=True,
         )
+        budgets = Reflector(
+            "poddisruptionbudgets",
+            api.lister("poddisruptionbudgets"),
+            transform=dict,
+            on_event=intake.budget_event,
+            on_listed=intake.listed_budgets,
+            key=_namespaced_name,
+            optional=True,
+        )
         self.reflectors: tuple[Reflector[Any], ...] = (
             nodes,
             gpunodes,
             priority_classes,
+            budgets,
             *groups,
             self._pods,
         )

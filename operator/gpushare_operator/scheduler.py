@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from structlog.typing import FilteringBoundLogger
 
@@ -39,9 +40,25 @@ from gpushare_operator.metrics import SchedulerMetrics
 from gpushare_operator.reporting import Reporter
 from gpushare_operator.scheduling.cache import SchedulerCache
 from gpushare_operator.scheduling.decision import Plan, Refusal, plan
-from gpushare_operator.scheduling.gangs import GangBook, broken_gang, decide_gang
+from gpushare_operator.scheduling.gangs import (
+    NOT_ENOUGH_RESOURCES,
+    GangBook,
+    broken_gang,
+    decide_gang,
+)
 from gpushare_operator.scheduling.podinfo import PodInfo
+from gpushare_operator.scheduling.preemption import (
+    Room,
+    make_room,
+    make_room_for_gang,
+    nominate,
+    preemptor_message,
+    victim_message,
+)
 from gpushare_operator.scheduling.queue import GangCheck, SchedulingQueue
+
+PREEMPTING = "Preempting"
+PREEMPTED = "Preempted"  # kube-scheduler's reason on a victim
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +144,7 @@ class Scheduler:
                 return self._schedule_gang(group, {uid: waited_for} if waited_for else {})
         outcome = plan(self.cache, pod, self._config().policy, waited_for)
         if isinstance(outcome, Refusal):
-            self._unschedulable(uid, pod, outcome)
+            self._unschedulable(uid, pod, self._make_room(pod, outcome))
             return []
         for earlier in outcome.expired.values():
             self._log.warning(
@@ -151,13 +168,96 @@ class Scheduler:
             timeout_s=config.gang_timeout_s,
             waited=waited,
         )
-        for member, refusal in gang.refused:
+        refused: list[tuple[PodInfo, Refusal]] = list(gang.refused)
+        verdict = self.gangs.verdict(group.key)
+        short = verdict is not None and verdict.code == NOT_ENOUGH_RESOURCES
+        if not gang.placed and refused and short and config.preemption:
+            refused = self._make_room_for_gang(group, refused)
+        for member, refusal in refused:
             self._unschedulable(member.uid, member, refusal)
         if gang.placed:
             self._log.info(
                 "gang_placed", group=str(group.key), pods=[str(m.ref) for m, _ in gang.placed]
             )
         return [_Decision(member, outcome) for member, outcome in gang.placed]
+
+    def _make_room_for_gang(
+        self, group: GroupSpec, refused: list[tuple[PodInfo, Refusal]]
+    ) -> list[tuple[PodInfo, Refusal]]:
+        """A gang preempts as a whole: every member it needs gets its room, or none does."""
+        priority = max(self.gangs.priority_of(pod) for pod, _ in refused)
+        outcomes = make_room_for_gang(
+            self.cache,
+            self.gangs,
+            group,
+            refused,
+            priority=priority,
+            policy=self._config().policy,
+        )
+        return [
+            (pod, self._preempt(pod, outcome, priority) if isinstance(outcome, Room) else outcome)
+            for pod, outcome in outcomes
+        ]
+
+    def _make_room(self, pod: PodInfo, refusal: Refusal) -> Refusal:
+        """Preempt for a pod that `refusal` keeps off every card, when that is allowed and
+        some pods of lower priority can make room; what to report on it meanwhile."""
+        if refusal.quiet:
+            return refusal
+        if not self._config().preemption:
+            self.cache.drop_nomination(pod.uid)
+            return refusal
+        priority = self.gangs.priority_of(pod)
+        outcome = make_room(self.cache, self.gangs, pod, refusal, priority=priority)
+        if isinstance(outcome, Refusal):
+            if not outcome.quiet:
+                self._metrics.preemption_attempts.labels("none").inc()
+            return outcome
+        return self._preempt(pod, outcome, priority)
+
+    def _preempt(self, pod: PodInfo, outcome: Room, priority: int) -> Refusal:
+        """Nominate the pod where `outcome` makes room, and evict its victims."""
+        nominate(self.cache, pod, outcome)
+        self._metrics.preemption_attempts.labels("nominated").inc()
+        self._log.info(
+            "preempting",
+            pod=str(pod.ref),
+            node=outcome.preemption.placement.node,
+            card=list(outcome.preemption.placement.cards),
+            victims=[str(ref) for ref in outcome.preemption.victims],
+        )
+        if outcome.preemption.victims:
+            self._reporter.event(pod.ref, PREEMPTING, preemptor_message(pod.ref, outcome))
+        for victim in outcome.preemption.victims:
+            message = victim_message(pod.ref, priority, outcome, victim)
+            self._start(self._evict_victim(pod.ref, victim, message), f"preempt {victim}")
+        return outcome.refusal
+
+    async def _evict_victim(self, preemptor: PodRef, victim: PodRef, message: str) -> None:
+        """Evict one victim through the Eviction API. A refusal (a PodDisruptionBudget that
+        changed meanwhile, say) ends the nomination: the preemptor chooses again."""
+        try:
+            await retry(lambda: self._api.evict(victim), WRITE)
+        except (ApiError, OSError, TimeoutError) as error:
+            if isinstance(error, ApiError) and error.status == 404:
+                return  # gone already: room made all the same
+            self._log.warning(
+                "preemption_eviction_refused",
+                pod=str(preemptor),
+                victim=str(victim),
+                error=str(error),
+            )
+            self.cache.drop_nomination(preemptor.uid)
+            self.queue.wake()
+            return
+        self._metrics.preemption_victims.inc()
+        self._reporter.event(victim, PREEMPTED, message)
+
+    def _start(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run an API call of the decision loop's (an eviction) as its own task."""
+        task = asyncio.create_task(work, name=name)
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
 
     def _unschedulable(self, uid: PodUid, pod: PodInfo, refusal: Refusal) -> None:
         message = refusal.message
@@ -170,7 +270,11 @@ class Scheduler:
             return
         self._log.info("unschedulable", pod=str(pod.ref), reason=message)
         self._reporter.unschedulable(
-            pod.ref, message, pod.resource_version, already=pod.unschedulable
+            pod.ref,
+            message,
+            pod.resource_version,
+            already=pod.unschedulable,
+            nominated=refusal.nominated,
         )
 
     def _check_gang(self, key: GroupKey) -> None:
@@ -178,9 +282,7 @@ class Scheduler:
         below its minimum before it ran, release what it holds (`broken_gang`)."""
         for pod in broken_gang(self.cache, self.gangs, key):
             self._log.warning("gang_below_minimum", pod=str(pod.ref), group=str(key))
-            task = asyncio.create_task(self._evict(pod.ref), name=f"evict {pod.ref}")
-            self._in_flight.add(task)
-            task.add_done_callback(self._in_flight.discard)
+            self._start(self._evict(pod.ref), f"evict {pod.ref}")
 
     async def _evict(self, pod: PodRef) -> None:
         try:

@@ -191,13 +191,14 @@ def _term_matches(term: Body, node: NodeFacts) -> bool:
     fields = sequence(term.get("matchFields"))
     if not expressions and not fields:
         return False  # an empty term matches no node (kube-scheduler's rule)
-    return all(_expression_matches(e, node.labels) for e in expressions) and all(
-        _expression_matches(f, {"metadata.name": node.name}) for f in fields
+    return all(requirement_matches(e, node.labels) for e in expressions) and all(
+        requirement_matches(f, {"metadata.name": node.name}) for f in fields
     )
 
 
-def _expression_matches(expression: Body, labels: Mapping[str, str]) -> bool:
-    """A NodeSelectorRequirement; unknown operators and malformed values match nothing."""
+def requirement_matches(expression: Body, labels: Mapping[str, str]) -> bool:
+    """A NodeSelectorRequirement (or a LabelSelectorRequirement, the same but for Gt and Lt);
+    unknown operators and malformed values match nothing."""
     key = text(expression.get("key")) or ""
     operator = expression.get("operator")
     values = [v for v in (expression.get("values") or []) if isinstance(v, str)]

@@ -59,7 +59,9 @@ class OverUseWatch:
     """The episodes in progress, per node, container and card."""
 
     _since: dict[_Key, float] = field(default_factory=dict)
-    _acted: set[_Key] = field(default_factory=set)
+    _acted: dict[_Key, OverUsePolicy] = field(default_factory=dict)
+    """The policy each episode was acted on under: a warned episode is acted on again
+    (evicted) once the policy becomes Evict."""
 
     def observe(
         self,
@@ -82,13 +84,15 @@ class OverUseWatch:
         }
         for key in [key for key in self._since if key[0] == node and key not in over]:
             del self._since[key]  # the episode ended: within its share again, or gone
-            self._acted.discard(key)
+            self._acted.pop(key, None)
         actions = []
         for key, use in over.items():
             since = self._since.setdefault(key, now)
-            if policy is OverUsePolicy.IGNORE or key in self._acted or now - since < grace_s:
+            if policy is OverUsePolicy.IGNORE or now - since < grace_s:
                 continue
-            self._acted.add(key)
+            if self._acted.get(key) in (policy, OverUsePolicy.EVICT):
+                continue  # acted on already, as this policy would
+            self._acted[key] = policy
             actions.append(
                 OverUse(node, use, over_for_s=now - since, evict=policy is OverUsePolicy.EVICT)
             )
@@ -98,10 +102,10 @@ class OverUseWatch:
         """The action could not be carried out (an eviction a PodDisruptionBudget refused):
         try again after another grace period."""
         key = (action.node, action.use.pod.uid, action.use.container, action.use.card)
-        self._acted.discard(key)
+        self._acted.pop(key, None)
         self._since[key] = now
 
     def forget_node(self, node: str) -> None:
         for key in [key for key in self._since if key[0] == node]:
             del self._since[key]
-            self._acted.discard(key)
+            self._acted.pop(key, None)

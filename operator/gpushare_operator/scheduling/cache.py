@@ -17,13 +17,18 @@ the watch does. A watch event that still shows an assumed pod unbound is stale a
 A pending pod that waits for its best card (held back by the exactness rule for a moment) is
 *reserved* there: its memory counts on that card until it is decided again, so the pods after
 it are decided as if it were placed, as the model places pods one by one in creation order.
+A pod that preempted is *nominated*: the card its victims are leaving is reserved for it in
+the same way, and the nomination remembers the victims until they are gone.
+
+For preemption the cache also keeps, of each bound pod that holds a card and is not
+terminating, what victim selection weighs (`Evictable`), and the PodDisruptionBudgets.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -45,7 +50,9 @@ from gpushare.model import (
 from gpushare.model.annotations import format_card_indices
 from gpushare.model.bodies import Body, path, text
 from gpushare.model.contract import GPU_INDEX, GPU_MEMORY
+from gpushare.model.disruption import Budget, budget_of
 from gpushare.model.filters import NodeFacts, PodNeeds, node_facts, node_reason
+from gpushare.model.preemption import Evictable, Evictables, GangHold, NodeCheckWithout, View
 from gpushare.model.request import Signature
 from gpushare.model.resources import PODS, add_into, pod_requests
 from gpushare_operator.config import OperatorConfig
@@ -94,6 +101,15 @@ class _Holder:
 
 
 @dataclass(frozen=True, slots=True)
+class Nomination:
+    """A pod that preempted: the placement it waits for and the victims that must go first."""
+
+    placement: Placement
+    victims: frozenset[PodUid]
+    since: float
+
+
+@dataclass(frozen=True, slots=True)
 class NodeChange:
     changed: bool
     """Anything the filters or the GPU fit read has changed: parked pods may now fit."""
@@ -129,6 +145,9 @@ class SchedulerCache:
         self._pending: dict[PodUid, PodInfo] = {}
         self._reserved: dict[PodUid, Placement] = {}
         self._pins = Pins()
+        self._evictable = Evictables()
+        self._budgets: dict[tuple[str, str], Budget] = {}
+        self._nominated: dict[PodUid, Nomination] = {}
 
     # -- nodes and GPUNodes --------------------------------------------------------------
 
@@ -194,6 +213,7 @@ class SchedulerCache:
         uid = pod.uid
         if pod.finished or pod.node is not None:
             self.unreserve(uid)
+            self._nominated.pop(uid, None)
         if pod.finished:
             self._pending.pop(uid, None)
             return PodObservation(PodChange.GONE if self._release(uid) else PodChange.IGNORED)
@@ -235,6 +255,15 @@ class SchedulerCache:
         if allocation is not None:
             self.ledger.add(allocation)
             holder.cards = allocation.cards
+            if allocation.cards and not pod.terminating:
+                victim = Evictable(
+                    ref=pod.ref,
+                    priority=pod.priority,
+                    started_s=pod.started_s,
+                    labels=pod.labels,
+                    gang=pod.group,
+                )
+                self._evictable.put(victim, pod.node, min(allocation.cards))
             if allocation.cards and claim.request and not assigned and not pod.terminating:
                 # The wait counts from what this cache saw (its bind, or the first sight of
                 # the bound pod), never from a predicate-time anyone could have written.
@@ -267,6 +296,7 @@ class SchedulerCache:
     def forget_pod(self, uid: PodUid) -> PodChange:
         """The pod was deleted (its resources are free; pods behind its card may go)."""
         self._pending.pop(uid, None)
+        self._nominated.pop(uid, None)
         self.unreserve(uid)
         return PodChange.GONE if self._release(uid) else PodChange.IGNORED
 
@@ -309,6 +339,7 @@ class SchedulerCache:
         """Count a pod where `plan` puts it (and its card, if any) before the bind is
         confirmed."""
         self._pending.pop(pod.uid, None)
+        self._nominated.pop(pod.uid, None)
         holder = _Holder(pod.ref, plan.node, dict(plan.needs.requests), None, pending=pod)
         if plan.placement is not None:
             self.ledger.add(plan.placement.allocation(pod.ref))
@@ -351,6 +382,22 @@ class SchedulerCache:
 
         return check
 
+    def node_check_without(self, needs: PodNeeds) -> NodeCheckWithout:
+        """`node_check` as it would answer once the given pods are gone (preemption)."""
+
+        def check(node: NodeName, gone: frozenset[PodUid]) -> str | None:
+            facts = self._facts.get(node)
+            if facts is None:
+                return "node(s) were not found"
+            requested = dict(self._requested.get(node, {}))
+            for uid in gone:
+                holder = self._holders.get(uid)
+                if holder is not None and holder.node == node:
+                    add_into(requested, holder.requests, -1)
+            return node_reason(needs, facts, requested)
+
+        return check
+
     def card_check(self, request: PodRequest, namespace: str) -> ExactnessCheck:
         """The exactness rule for a pod of `namespace` with `request`, at this moment."""
         timeout_s = self._config().assignment_timeout_s
@@ -361,6 +408,51 @@ class SchedulerCache:
 
     def facts(self) -> Mapping[NodeName, NodeFacts]:
         return self._facts
+
+    # -- preemption ----------------------------------------------------------------------
+
+    def observe_budget(self, body: Body) -> bool:
+        """Take a PodDisruptionBudget; whether it now allows more evictions than before."""
+        budget = budget_of(body)
+        before = self._budgets.get((budget.namespace, budget.name))
+        self._budgets[budget.namespace, budget.name] = budget
+        return before is None or budget.allowed > before.allowed
+
+    def forget_budget(self, namespace: str, name: str) -> None:
+        self._budgets.pop((namespace, name), None)
+
+    def budget_keys(self) -> set[tuple[str, str]]:
+        return set(self._budgets)
+
+    def preemption_view(self, gangs: Mapping[Hashable, GangHold]) -> View:
+        """What victim selection reads now (the evictable pods are the cache's own table,
+        not a copy: read it before the next change)."""
+        return View(
+            pods=self._evictable,
+            gangs=gangs,
+            budgets=tuple(self._budgets.values()),
+            now_s=self._clock(),
+        )
+
+    def clock(self) -> float:
+        return self._clock()
+
+    def nominate(self, uid: PodUid, placement: Placement, victims: frozenset[PodUid]) -> None:
+        """The pod preempted `victims` to go where `placement` says (reserved as it parks)."""
+        self._nominated[uid] = Nomination(placement, victims, self._clock())
+
+    def nomination(self, uid: PodUid) -> Nomination | None:
+        return self._nominated.get(uid)
+
+    def drop_nomination(self, uid: PodUid) -> None:
+        self._nominated.pop(uid, None)
+
+    def victims_left(self, nomination: Nomination) -> int:
+        """How many of the nomination's victims still hold their cards (terminating ones too)."""
+        return sum(1 for uid in nomination.victims if uid in self._holders)
+
+    def nominations(self) -> Mapping[PodUid, Nomination]:
+        return self._nominated
 
     # -- bookkeeping ---------------------------------------------------------------------
 
@@ -379,6 +471,7 @@ class SchedulerCache:
         holder = self._holders.pop(uid, None)
         if holder is None:
             return False
+        self._evictable.discard(uid)
         self.ledger.release(uid)
         requested = self._requested.get(holder.node)
         if requested is not None:

@@ -49,7 +49,10 @@ class Refusal:
     quiet: bool = False
     """Only the exactness rule holds it, briefly (`QUIET_WAIT_S`): nothing to report."""
     waits_for: Placement | None = None
-    """Quiet: the best placement it waits for (reserved meanwhile, `SchedulerCache.reserve`)."""
+    """The placement it waits for (reserved meanwhile, `SchedulerCache.reserve`): its best,
+    held back by the exactness rule (quiet), or the one it preempted for."""
+    nominated: NodeName | None = None
+    """It preempted: the node its victims are leaving (`status.nominatedNodeName`)."""
 
 
 @dataclass(frozen=True, slots=True)

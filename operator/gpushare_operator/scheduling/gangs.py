@@ -207,11 +207,16 @@ def _pending(pod: PodInfo, cache: SchedulerCache) -> bool:
     return cache.pending(pod.uid) is not None and not pod.gated
 
 
+NOT_ENOUGH_RESOURCES = "NotEnoughResources"
+"""The verdict on a gang whose members are all there but do not fit together (preemption
+may make room); the others are NotEnoughMembers and Timeout."""
+
+
 @dataclass(frozen=True, slots=True)
 class GroupVerdict:
     reason: str | None
     """Why the gang waits; None once placed."""
-    code: str = "NotEnoughResources"
+    code: str = NOT_ENOUGH_RESOURCES
 
 
 @dataclass(slots=True)

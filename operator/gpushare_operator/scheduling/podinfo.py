@@ -10,6 +10,7 @@ says that something it reads has changed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -68,6 +69,8 @@ class PodInfo:
     phase: str | None = None
     controlled: bool = False
     """A controller owns it (a Job, a Volcano Job, a ReplicaSet): deleted, it comes back."""
+    preempts: bool = True
+    """It may evict pods of lower priority to make room (`preemptionPolicy` is not Never)."""
 
     @property
     def uid(self) -> PodUid:
@@ -76,6 +79,17 @@ class PodInfo:
     @cached_property
     def created_s(self) -> float | None:
         return parse_time(self.body["metadata"].get("creationTimestamp"))
+
+    @cached_property
+    def started_s(self) -> float:
+        """When it started (status.startTime), else was created: work lost counts from here."""
+        status, meta = self.body["status"], self.body["metadata"]
+        return parse_time(status.get("startTime") or meta.get("creationTimestamp")) or 0.0
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        labels = self.body["metadata"].get("labels")
+        return labels if isinstance(labels, dict) else {}
 
     @cached_property
     def fingerprint(self) -> int:
@@ -142,6 +156,7 @@ class PodInfo:
                 isinstance(owner, dict) and owner.get("controller") is True
                 for owner in raw.get("metadata", {}).get("ownerReferences") or ()
             ),
+            preempts=spec.get("preemptionPolicy") != "Never",
         )
 
     @classmethod

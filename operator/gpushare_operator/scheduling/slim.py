@@ -16,6 +16,7 @@ _POD_METADATA = (
     "deletionTimestamp",
     "creationTimestamp",
     "resourceVersion",
+    "labels",
 )
 _POD_SPEC = (
     "nodeName",
@@ -28,6 +29,7 @@ _POD_SPEC = (
     "tolerations",
     "topologySpreadConstraints",
     "priority",
+    "preemptionPolicy",
     "schedulingGates",
 )
 _POD_ANNOTATIONS = frozenset(
@@ -65,6 +67,7 @@ def slim_pod(body: Body) -> dict[str, Any]:
         "spec": slim_spec,
         "status": {
             "phase": path(body, "status").get("phase"),
+            "startTime": path(body, "status").get("startTime"),
             # PodScheduled alone: whether a report changes the condition or only its message.
             "conditions": [
                 {"type": c.get("type"), "status": c.get("status")}

@@ -126,6 +126,15 @@ def test_only_the_over_user_is_acted_on_after_the_grace_and_once_per_episode() -
     assert judge(watch, 62, OverUsePolicy.EVICT) == []  # acted on: once per episode
 
 
+def test_an_episode_warned_of_is_evicted_once_the_policy_becomes_evict() -> None:
+    watch = OverUseWatch()
+    judge(watch, 0, OverUsePolicy.WARN)
+    assert judge(watch, 31, OverUsePolicy.WARN) == ["train/0/warn", "train/1/warn"]
+    assert judge(watch, 40, OverUsePolicy.WARN) == []
+    assert judge(watch, 41, OverUsePolicy.EVICT) == ["train/0/evict", "train/1/evict"]
+    assert judge(watch, 42, OverUsePolicy.WARN) == []  # evicted already: nothing to warn of
+
+
 def test_warn_and_ignore() -> None:
     watch = OverUseWatch()
     judge(watch, 0, OverUsePolicy.WARN)

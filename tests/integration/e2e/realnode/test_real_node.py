@@ -475,6 +475,77 @@ async def test_what_containers_hold_is_measured_and_an_over_user_alone_is_warned
         node.plugin.start()
 
 
+async def test_a_pod_of_higher_priority_evicts_the_cheapest_pod_its_budget_allows_and_runs(
+    real: Cluster, core: client.CoreV1Api, tmp_path: Path
+) -> None:
+    """The coarse node full (an 80 GiB card holding two 40 GiB pods, four 10.5 GiB cards one
+    pod each); an 8 GiB pod of priority 1000 fits no card. The cheapest victim is card 3's
+    pod (priority 0); while a PodDisruptionBudget protects it, card 4's (priority 50)."""
+    node = real.coarse
+    classes = tmp_path / "classes.yaml"
+    classes.write_text(
+        "".join(
+            f"---\napiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\n"
+            f"metadata: {{name: gpushare-test-{name}}}\nvalue: {value}\n"
+            for name, value in (("high", 1000), ("mid", 100), ("low", 50))
+        )
+    )
+    budget = tmp_path / "budget.yaml"
+    budget.write_text(
+        "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: keep-c3}\n"
+        "spec: {minAvailable: 1, selector: {matchLabels: {app: c3}}}\n"
+    )
+    real.kubectl("apply", "-f", str(classes))
+    try:
+        fill: list[tuple[str, int, str | None]] = [("big-1", 40960, "mid"), ("big-2", 40960, "mid")]
+        fill += [("c1", 10752, "mid"), ("c2", 10752, "mid"), ("c3", 10752, None)]
+        fill += [("c4", 10752, "low")]
+        for name, mib, level in fill:
+            body = on(node, name, mib, terminationGracePeriodSeconds=3)
+            body["metadata"]["labels"] = {"app": name}
+            if level:
+                body["spec"]["priorityClassName"] = f"gpushare-test-{level}"
+            await create_pod(core, body)
+            await running(core, name)
+        assert {name: gpu_index(await read_pod(core, name)) for name, _, _ in fill} == {
+            "big-1": "0", "big-2": "0", "c1": "1", "c2": "2", "c3": "3", "c4": "4",
+        }  # fmt: skip
+        real.kubectl("apply", "-f", str(budget))
+
+        async def preemptor(name: str) -> dict[str, Any]:
+            body = on(node, name, 8192, terminationGracePeriodSeconds=3)
+            body["spec"]["priorityClassName"] = "gpushare-test-high"
+            await create_pod(core, body)
+
+            async def nominated() -> bool:  # while its victim takes its grace period
+                pod = await read_pod(core, name)
+                return bool(pod["status"].get("nominatedNodeName") == node.real.name)
+
+            await eventually(nominated, what=f"{name} nominated to {node.real.name}")
+            return await running(core, name)
+
+        first = await preemptor("h1")
+        assert gpu_index(first) == "4"  # c3, cheaper, is protected by its budget
+        real.kubectl("delete", "-f", str(budget))
+        second = await preemptor("h2")
+        assert gpu_index(second) == "3"
+        assert gpu_env(await exec_env(real, "h2"))[contract.ENV_GPU_ALLOCATED] == "8192"
+        listed = await raw_json(core.list_namespaced_pod("default", _preload_content=False))
+        left = {p["metadata"]["name"] for p in listed["items"]}
+        assert left == {"big-1", "big-2", "c1", "c2", "h1", "h2"}
+        for victim, by in (("c4", "h1"), ("c3", "h2")):
+            messages = [
+                e["message"] for e in await events_of(core, victim) if e["reason"] == "Preempted"
+            ]
+            assert messages == [
+                f"Preempted by default/{by} (priority 1000) on node {node.real.name} card "
+                f"{'4' if victim == 'c4' else '3'}"
+            ]
+    finally:
+        real.kubectl("delete", "-f", str(budget), "--ignore-not-found", check=False)
+        real.kubectl("delete", "-f", str(classes), "--ignore-not-found", check=False)
+
+
 async def test_deleting_a_pod_releases_its_devices_in_the_checkpoint_and_the_gpunode(
     real: Cluster, core: client.CoreV1Api
 ) -> None:

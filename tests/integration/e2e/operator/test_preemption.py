@@ -1,0 +1,254 @@
+"""Preemption on a real apiserver: a pod of higher priority that fits no card evicts the
+cheapest set of pods of lower priority from one card, through the Eviction API, and is bound
+there once they are gone; the victims and the preemptor are told in Events, the preemptor's
+node is nominated as kube-scheduler nominates it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import pytest_asyncio
+from cluster import (
+    bound,
+    create_pod,
+    events_of,
+    eventually,
+    gpu_index,
+    gpu_pod,
+    list_pods,
+    read_pod,
+    unschedulable,
+)
+from kubernetes_asyncio import client
+
+from gpushare.model.gangs import PLURAL, VOLCANO_GROUP_ANNOTATIONS, GroupApi
+from gpushare_harness import ControlPlane, FakeGpuNode, create_gpu_node
+from gpushare_harness.crds import install_podgroup_crds
+from gpushare_harness.operator import OperatorProcess
+from gpushare_harness.standin import act_as_device_plugins
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+Start = Callable[..., OperatorProcess]
+
+
+@pytest_asyncio.fixture
+async def cluster(api: client.ApiClient, core: client.CoreV1Api) -> AsyncIterator[client.CoreV1Api]:
+    """A node of two 10000 MiB cards, the PriorityClasses `high` and `high-never` (the same
+    value, preemptionPolicy Never), the PodGroup CRDs, and the device plugins' assignment (no
+    kubelet runs here)."""
+    await create_gpu_node(core, FakeGpuNode(name="n", gpu_memory=20000, gpu_number=2))
+    classes = client.SchedulingV1Api(api)
+    await classes.create_priority_class(
+        client.V1PriorityClass(metadata=client.V1ObjectMeta(name="high"), value=1000)
+    )
+    await classes.create_priority_class(
+        client.V1PriorityClass(
+            metadata=client.V1ObjectMeta(name="high-never"), value=1000, preemption_policy="Never"
+        )
+    )
+    await install_podgroup_crds(api)
+    plugins = asyncio.create_task(act_as_device_plugins(api))
+    yield core
+    plugins.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await plugins
+
+
+def pod(name: str, mib: int, *, high: bool = False, **labels: str) -> dict[str, Any]:
+    body = gpu_pod(name, mib, terminationGracePeriodSeconds=0)
+    if labels:
+        body["metadata"]["labels"] = labels
+    if high:
+        body["spec"]["priorityClassName"] = "high"
+    return body
+
+
+async def fill(core: client.CoreV1Api, pods: list[tuple[str, int, str]]) -> None:
+    """Bind each (name, MiB, card) in turn, checking it landed on its card."""
+    for name, mib, card in pods:
+        await create_pod(core, pod(name, mib, app=name))
+        assert gpu_index(await bound(core, name)) == card, name
+
+
+async def gone(core: client.CoreV1Api, name: str) -> None:
+    async def absent() -> bool:
+        return name not in {p["metadata"]["name"] for p in await list_pods(core)}
+
+    await eventually(absent, what=f"pod {name} to be evicted")
+
+
+async def messages(core: client.CoreV1Api, name: str, reason: str) -> list[str]:
+    async def probe() -> list[str]:
+        return [e["message"] for e in await events_of(core, name) if e["reason"] == reason]
+
+    return await eventually(probe, what=f"a {reason} event on {name}")
+
+
+async def test_a_pod_of_higher_priority_evicts_the_one_pod_that_makes_room_and_runs_there(
+    cluster: client.CoreV1Api, start_operator: Start
+) -> None:
+    core = cluster
+    start_operator()
+    # Best-fit fills card 0 with a and b, then card 1 with c, d, e.
+    await fill(
+        core,
+        [("a", 6000, "0"), ("b", 4000, "0"), ("c", 3000, "1"), ("d", 3500, "1"), ("e", 3500, "1")],
+    )
+    await create_pod(core, pod("h", 6000, high=True))
+
+    pod_h = await bound(core, "h")
+    assert gpu_index(pod_h) == "0"  # a alone makes room there; card 1 would take two pods
+    await gone(core, "a")
+    for name in ("b", "c", "d", "e"):
+        assert not (await read_pod(core, name))["metadata"].get("deletionTimestamp"), name
+    (preempted,) = await messages(core, "a", "Preempted")
+    assert preempted == "Preempted by default/h (priority 1000) on node n card 0"
+    (preempting,) = await messages(core, "h", "Preempting")
+    assert preempting == "Evicting 1 pod(s) of lower priority from node n card 0 to make room: a"
+
+
+async def test_a_budget_that_forbids_the_cheaper_victim_makes_the_next_one_go(
+    api: client.ApiClient, cluster: client.CoreV1Api, start_operator: Start
+) -> None:
+    core = cluster
+    start_operator()
+    await fill(core, [("a", 6000, "0"), ("b", 4000, "0"), ("f", 6000, "1"), ("g", 4000, "1")])
+    # a would go first (card 0 before card 1 at equal cost); its budget forbids it.
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "keep-a"},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "a"}}},
+    }
+    await client.PolicyV1Api(api).create_namespaced_pod_disruption_budget(
+        "default", cast(client.V1PodDisruptionBudget, budget)
+    )
+
+    await create_pod(core, pod("h", 6000, high=True))
+    assert gpu_index(await bound(core, "h")) == "1"
+    await gone(core, "f")
+    assert not (await read_pod(core, "a"))["metadata"].get("deletionTimestamp")
+
+
+async def test_a_pod_that_never_preempts_or_has_no_one_below_it_waits(
+    cluster: client.CoreV1Api, start_operator: Start
+) -> None:
+    core = cluster
+    start_operator()
+    await fill(core, [("a", 10000, "0"), ("b", 10000, "1")])
+    never = pod("never", 6000)
+    never["spec"]["priorityClassName"] = "high-never"  # admission sets preemptionPolicy Never
+    await create_pod(core, never)
+    assert "no preemption: its preemptionPolicy is Never" in await unschedulable(core, "never")
+    await create_pod(core, pod("peer", 6000))
+    assert "no preemption: no card would take it with pods of lower priority gone" in (
+        await unschedulable(core, "peer")
+    )
+    for name in ("a", "b"):
+        assert not (await read_pod(core, name))["metadata"].get("deletionTimestamp"), name
+
+
+def simulate(plane: ControlPlane, manifest: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "gpushare_cli", "--kubeconfig", str(plane.kubeconfig)]
+    return subprocess.run(
+        [*command, "simulate", "-f", str(manifest), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
+async def test_simulate_shows_whom_a_pod_of_higher_priority_would_evict(
+    cluster: client.CoreV1Api, start_operator: Start, plane: ControlPlane, tmp_path: Path
+) -> None:
+    core = cluster
+    start_operator()
+    # Card 0 would need both its pods gone; card 1, c alone.
+    await fill(core, [("a", 5000, "0"), ("a2", 5000, "0"), ("b", 4000, "1"), ("c", 6000, "1")])
+    manifest = tmp_path / "h.yaml"
+    body = pod("h", 6000, high=True)
+    body["spec"]["priority"] = 1000  # as the Priority admission plugin would set it
+    manifest.write_text(json.dumps(body))
+    shown = await asyncio.to_thread(simulate, plane, manifest)
+    assert shown.returncode == 3, shown.stderr  # it would wait
+    assert "would evict, on n card 1: default/c" in shown.stdout, shown.stdout
+    as_json = await asyncio.to_thread(simulate, plane, manifest, "-o", "json")
+    assert json.loads(as_json.stdout)["preempts"] == {
+        "node": "n",
+        "cards": [1],
+        "victims": ["default/c"],
+    }
+    for name in ("a", "a2", "b", "c"):  # nothing was written
+        assert not (await read_pod(core, name))["metadata"].get("deletionTimestamp"), name
+
+
+async def gang(api: client.ApiClient, core: client.CoreV1Api, members: int, mib: int) -> None:
+    """A Volcano PodGroup `job` of priority class `high` (minMember `members`) and its pods."""
+    body = {
+        "apiVersion": f"{GroupApi.VOLCANO.group}/{GroupApi.VOLCANO.version}",
+        "kind": "PodGroup",
+        "metadata": {"name": "job", "namespace": "default"},
+        "spec": {"minMember": members, "priorityClassName": "high"},
+    }
+    await client.CustomObjectsApi(api).create_namespaced_custom_object(
+        GroupApi.VOLCANO.group, GroupApi.VOLCANO.version, "default", PLURAL, body
+    )
+    for index in range(members):
+        member = pod(f"m{index}", mib, high=True)
+        member["metadata"]["annotations"] = {VOLCANO_GROUP_ANNOTATIONS[0]: "job"}
+        await create_pod(core, member)
+
+
+async def test_a_gang_preempts_for_all_its_members_together(
+    api: client.ApiClient, cluster: client.CoreV1Api, start_operator: Start
+) -> None:
+    core = cluster
+    start_operator()
+    await fill(core, [("a", 6000, "0"), ("b", 4000, "0"), ("f", 6000, "1"), ("g", 4000, "1")])
+    await gang(api, core, 2, 6000)
+    cards = {gpu_index(await bound(core, name)) for name in ("m0", "m1")}
+    assert cards == {"0", "1"}
+    for name in ("a", "f"):
+        await gone(core, name)
+    for name in ("b", "g"):
+        assert not (await read_pod(core, name))["metadata"].get("deletionTimestamp"), name
+
+
+async def test_a_gang_that_cannot_make_room_for_every_member_evicts_no_one(
+    api: client.ApiClient, cluster: client.CoreV1Api, start_operator: Start
+) -> None:
+    core = cluster
+    start_operator()
+    await fill(core, [("a", 6000, "0"), ("b", 4000, "0"), ("f", 10000, "1")])
+    # f may not be evicted: room for one member only, so the gang takes none.
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "keep-f"},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "f"}}},
+    }
+    await client.PolicyV1Api(api).create_namespaced_pod_disruption_budget(
+        "default", cast(client.V1PodDisruptionBudget, budget)
+    )
+    await gang(api, core, 2, 6000)
+
+    async def refused() -> str | None:
+        message = await unschedulable(core, "m0")
+        return message if "no preemption:" in message and "together now" in message else None
+
+    message = await eventually(refused, what="the gang's refusal to preempt")
+    assert "the pods that would make room are protected by PodDisruptionBudget default/keep-f" in (
+        message
+    )
+    for name in ("a", "b", "f"):
+        assert not (await read_pod(core, name))["metadata"].get("deletionTimestamp"), name

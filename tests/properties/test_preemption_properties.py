@@ -1,0 +1,334 @@
+"""Preemption against brute force: on small clusters (a few cards, up to 10 pods each) every
+set of pods is tried, and the model's choice must be feasible and as cheap as the cheapest."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from itertools import chain, combinations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpushare.model import (
+    Allocation,
+    Card,
+    CardIndex,
+    GpuKind,
+    Ledger,
+    NodeInventory,
+    NodeName,
+    PodRef,
+    PodRequest,
+    PodUid,
+    find_placement,
+)
+from gpushare.model.disruption import Budget, breached
+from gpushare.model.inventory import InventorySource
+from gpushare.model.preemption import (
+    Cost,
+    Evictable,
+    Evictables,
+    GangHold,
+    Preemption,
+    View,
+    cost_of,
+    preempt,
+    with_gangs,
+)
+
+NOW = 10_000.0
+
+
+@dataclass(frozen=True)
+class Cluster:
+    ledger: Ledger
+    view: View
+    refused_node: NodeName | None
+    """A node whose other filters refuse the pod unless `unblocker` is evicted too."""
+    unblocker: PodUid | None
+
+
+def memory(total: int) -> PodRequest:
+    return PodRequest(kind=GpuKind.MEMORY, total=total, containers=())
+
+
+def whole(count: int) -> PodRequest:
+    return PodRequest(kind=GpuKind.NUMBER, total=count, containers=())
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> Cluster:
+    ledger = Ledger()
+    pods: dict[PodUid, Evictable] = {}
+    serial = 0
+    for n in range(draw(st.integers(1, 2))):
+        name = NodeName(f"node-{n}")
+        sizes = draw(st.lists(st.sampled_from([8, 10, 16]), min_size=1, max_size=3))
+        cards = tuple(
+            Card(index=CardIndex(i), memory=size, healthy=True) for i, size in enumerate(sizes)
+        )
+        ledger.set_node(
+            NodeInventory(node=name, cards=cards, unit_mib=1, source=InventorySource.RESOURCE)
+        )
+        for card in cards:
+            if draw(st.integers(0, 5)) == 0:  # a card held whole
+                amounts, kind = [1], GpuKind.NUMBER
+            else:
+                amounts, kind = draw(st.lists(st.integers(1, 4), max_size=10)), GpuKind.MEMORY
+            used = 0
+            for amount in amounts:
+                if kind is GpuKind.MEMORY and used + amount > card.memory:
+                    break
+                used += amount
+                serial += 1
+                uid = PodUid(f"uid-{serial:03d}")
+                ref = PodRef(
+                    namespace=draw(st.sampled_from(["a", "b"])), name=f"p{serial}", uid=uid
+                )
+                ledger.add(
+                    Allocation(pod=ref, node=name, kind=kind, cards=(card.index,), amount=amount)
+                )
+                pods[uid] = Evictable(
+                    ref=ref,
+                    priority=draw(st.integers(0, 3)) * 10,
+                    started_s=NOW - draw(st.integers(0, 5)) * 100,
+                    labels={"app": draw(st.sampled_from(["x", "y"]))},
+                    gang=draw(st.sampled_from([None, None, "g1", "g2"])),
+                )
+    gangs: dict[Hashable, GangHold] = {}
+    for key in ("g1", "g2"):
+        members = frozenset(uid for uid, pod in pods.items() if pod.gang == key)
+        if members:
+            gangs[key] = GangHold(members=members, spare=draw(st.integers(0, len(members))))
+    budgets = [
+        Budget(
+            namespace=draw(st.sampled_from(["a", "b"])),
+            name=f"pdb-{i}",
+            match_labels={"app": draw(st.sampled_from(["x", "y"]))},
+            allowed=draw(st.integers(0, 2)),
+        )
+        for i in range(draw(st.integers(0, 2)))
+    ]
+    refused = draw(st.sampled_from([None, NodeName("node-0")]))
+    unblocker = draw(st.sampled_from([None, *sorted(pods)])) if refused else None
+    table: Mapping[PodUid, Evictable] = pods
+    if draw(st.booleans()):  # as the operator's cache keeps them: ranked as it changes
+        table = Evictables()
+        for uid, pod in pods.items():
+            allocation = ledger.allocation(uid)
+            assert allocation is not None
+            table.put(pod, allocation.node, min(allocation.cards))
+    view = View(pods=table, gangs=gangs, budgets=budgets, now_s=NOW)
+    return Cluster(ledger, view, refused, unblocker)
+
+
+def node_check(cluster: Cluster) -> Callable[[NodeName, frozenset[PodUid]], str | None]:
+    def check(node: NodeName, victims: frozenset[PodUid]) -> str | None:
+        if node == cluster.refused_node and cluster.unblocker not in victims:
+            return "Insufficient cpu"
+        return None
+
+    return check
+
+
+def subsets(items: list[PodUid]) -> Iterable[tuple[PodUid, ...]]:
+    return chain.from_iterable(combinations(items, size) for size in range(len(items) + 1))
+
+
+def eligible(cluster: Cluster, chosen: Iterable[PodUid], priority: int) -> frozenset[PodUid] | None:
+    """The full set of victims if `chosen` may go, by the rules, brute force."""
+    if any(cluster.view.pods[uid].priority >= priority for uid in chosen):
+        return None
+    victims = with_gangs(chosen, cluster.view, priority)
+    if victims is None:
+        return None
+    pods = [cluster.view.pods[uid] for uid in victims]
+    if breached(cluster.view.budgets, ((p.ref.namespace, p.labels) for p in pods)):
+        return None
+    return victims
+
+
+def cheapest_memory(
+    cluster: Cluster, need: int, priority: int
+) -> tuple[Cost, str, tuple[int, ...]] | None:
+    best = None
+    for name, node in cluster.ledger.nodes().items():
+        for index, usage in sorted(node.cards.items()):
+            if usage.shareable and usage.free >= need:
+                continue
+            for chosen in subsets(sorted(usage.pods)):
+                victims = eligible(cluster, chosen, priority)
+                if victims is None or node_check(cluster)(name, victims):
+                    continue
+                held = [cluster.ledger.allocation(uid) for uid in usage.pods if uid not in victims]
+                if any(a is not None and a.kind is GpuKind.NUMBER for a in held):
+                    continue
+                used = sum(a.amount for a in held if a is not None)
+                if usage.card.memory - used < need:
+                    continue
+                key = (cost_of(victims, cluster.view), name, (index,))
+                best = key if best is None or key < best else best
+    return best
+
+
+def cheapest_whole(
+    cluster: Cluster, count: int, priority: int
+) -> tuple[Cost, str, tuple[int, ...]] | None:
+    best = None
+    for name, node in cluster.ledger.nodes().items():
+        if node.idle_cards >= count:
+            continue
+        for cards in combinations(sorted(node.cards), count):
+            chosen = sorted({uid for index in cards for uid in node.cards[index].pods})
+            victims = eligible(cluster, chosen, priority)
+            if victims is None or node_check(cluster)(name, victims):
+                continue
+            key = (cost_of(victims, cluster.view), name, cards)
+            best = key if best is None or key < best else best
+    return best
+
+
+def check_feasible(cluster: Cluster, found: Preemption, priority: int, request: PodRequest) -> None:
+    """The victims are all of lower priority, break no budget, and once they are gone the pod
+    fits where the preemption says."""
+    uids = [ref.uid for ref in found.victims]
+    assert all(cluster.view.pods[uid].priority < priority for uid in uids)
+    assert eligible(cluster, uids, priority) == frozenset(uids)
+    for uid in uids:
+        cluster.ledger.release(uid)
+    placement = find_placement(
+        cluster.ledger,
+        request,
+        card_check=lambda node, card: (
+            None if node == found.placement.node and card in found.placement.cards else "elsewhere"
+        ),
+    )
+    assert placement is not None
+    assert placement.cards == found.placement.cards
+
+
+@settings(max_examples=300, deadline=None)
+@given(clusters(), st.integers(1, 16), st.integers(0, 40))
+def test_the_chosen_victims_make_room_and_none_cheaper_would(
+    cluster: Cluster, need: int, priority: int
+) -> None:
+    found = preempt(
+        cluster.ledger, memory(need), priority, cluster.view, node_check=node_check(cluster)
+    )
+    best = cheapest_memory(cluster, need, priority)
+    if best is None:
+        assert isinstance(found, str)
+        return
+    assert isinstance(found, Preemption), found
+    assert (found.cost, found.placement.node, found.placement.cards) == best
+    check_feasible(cluster, found, priority, memory(need))
+
+
+@settings(max_examples=200, deadline=None)
+@given(clusters(), st.integers(1, 3), st.integers(0, 40))
+def test_whole_cards_are_freed_at_the_least_cost(
+    cluster: Cluster, count: int, priority: int
+) -> None:
+    found = preempt(
+        cluster.ledger, whole(count), priority, cluster.view, node_check=node_check(cluster)
+    )
+    best = cheapest_whole(cluster, count, priority)
+    if best is None:
+        assert isinstance(found, str)
+        return
+    assert isinstance(found, Preemption), found
+    assert (found.cost, found.placement.node, found.placement.cards) == best
+    check_feasible(cluster, found, priority, whole(count))
+
+
+def test_pods_of_equal_priority_are_never_victims() -> None:
+    ledger = Ledger()
+    node = NodeName("n")
+    ledger.set_node(
+        NodeInventory(
+            node=node,
+            cards=(Card(index=CardIndex(0), memory=10, healthy=True),),
+            unit_mib=1,
+            source=InventorySource.RESOURCE,
+        )
+    )
+    ref = PodRef(namespace="a", name="peer", uid=PodUid("u1"))
+    ledger.add(
+        Allocation(pod=ref, node=node, kind=GpuKind.MEMORY, cards=(CardIndex(0),), amount=10)
+    )
+    view = View(pods={ref.uid: Evictable(ref=ref, priority=100, started_s=0.0)})
+    found = preempt(ledger, memory(4), 100, view, node_check=lambda _n, _v: None)
+    assert found == "no card would take it with pods of lower priority gone"
+
+
+def test_a_budget_that_forbids_the_cheaper_set_makes_the_next_one_chosen() -> None:
+    ledger = Ledger()
+    node = NodeName("n")
+    ledger.set_node(
+        NodeInventory(
+            node=node,
+            cards=(
+                Card(index=CardIndex(0), memory=10, healthy=True),
+                Card(index=CardIndex(1), memory=10, healthy=True),
+            ),
+            unit_mib=1,
+            source=InventorySource.RESOURCE,
+        )
+    )
+    pods: dict[PodUid, Evictable] = {}
+    for name, card, amount, labels in (
+        ("big", 0, 8, {"app": "db"}),
+        ("small-1", 0, 2, {"app": "web"}),
+        ("half-1", 1, 5, {"app": "web"}),
+        ("half-2", 1, 5, {"app": "web"}),
+    ):
+        ref = PodRef(namespace="a", name=name, uid=PodUid(name))
+        ledger.add(
+            Allocation(
+                pod=ref, node=node, kind=GpuKind.MEMORY, cards=(CardIndex(card),), amount=amount
+            )
+        )
+        pods[ref.uid] = Evictable(ref=ref, priority=0, started_s=0.0, labels=labels)
+    budget = Budget(namespace="a", name="db", match_labels={"app": "db"}, allowed=0)
+    found = preempt(
+        ledger, memory(8), 10, View(pods=pods, budgets=[budget]), node_check=lambda _n, _v: None
+    )
+    assert isinstance(found, Preemption)
+    assert [ref.name for ref in found.victims] == ["half-1", "half-2"]
+    assert found.placement.cards == (1,)
+
+
+def test_a_gang_member_below_its_minimum_takes_its_whole_gang() -> None:
+    ledger = Ledger()
+    node = NodeName("n")
+    ledger.set_node(
+        NodeInventory(
+            node=node,
+            cards=(
+                Card(index=CardIndex(0), memory=10, healthy=True),
+                Card(index=CardIndex(1), memory=10, healthy=True),
+            ),
+            unit_mib=1,
+            source=InventorySource.RESOURCE,
+        )
+    )
+    pods: dict[PodUid, Evictable] = {}
+    for name, card, gang in (("m1", 0, "job"), ("m2", 1, "job"), ("m3", 1, "job")):
+        ref = PodRef(namespace="a", name=name, uid=PodUid(name))
+        ledger.add(
+            Allocation(
+                pod=ref,
+                node=node,
+                kind=GpuKind.MEMORY,
+                cards=(CardIndex(card),),
+                amount=10 if card == 0 else 5,
+            )
+        )
+        pods[ref.uid] = Evictable(ref=ref, priority=0, started_s=0.0, gang=gang)
+    gangs: Mapping[Hashable, GangHold] = {"job": GangHold(members=frozenset(pods), spare=0)}
+    found = preempt(
+        ledger, memory(10), 10, View(pods=pods, gangs=gangs), node_check=lambda _n, _v: None
+    )
+    assert isinstance(found, Preemption)
+    assert [ref.name for ref in found.victims] == ["m1", "m2", "m3"]
