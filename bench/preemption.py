@@ -35,6 +35,7 @@ from gpushare.model import (
     PodRequest,
     PodUid,
 )
+from gpushare.model.defrag import PendingPod, plan_defrag
 from gpushare.model.disruption import Budget
 from gpushare.model.inventory import InventorySource
 from gpushare.model.preemption import Evictable, Evictables, Preemption, View, preempt
@@ -43,7 +44,9 @@ CARD_GIB = 80
 
 
 def build(args: argparse.Namespace) -> tuple[Ledger, View, float]:
-    """Every card full: one pod of the whole card, or two of half of it, to `pods` pods."""
+    """Every card full: one pod of the whole card, or two of half of it, to `pods` pods.
+    With --defrag: pods of 30 GiB, two on some cards and one on the rest (holes of 20 and
+    50 GiB), every pod movable."""
     rng = random.Random(args.seed)
     started = time.perf_counter()
     ledger = Ledger()
@@ -64,7 +67,8 @@ def build(args: argparse.Namespace) -> tuple[Ledger, View, float]:
         )
         ledger.set_node(inventory)
         for i in range(args.cards):
-            sizes = [CARD_GIB // 2] * 2 if n * args.cards + i < halves else [CARD_GIB]
+            half, whole = (30, 30) if args.defrag else (CARD_GIB // 2, CARD_GIB)
+            sizes = [half] * 2 if n * args.cards + i < halves else [whole]
             for gib in sizes:
                 serial += 1
                 uid = PodUid(f"uid-{serial}")
@@ -83,6 +87,7 @@ def build(args: argparse.Namespace) -> tuple[Ledger, View, float]:
                     priority=rng.choice((0, 100, 1000)),
                     started_s=1e6 - rng.randrange(86400),
                     labels={"app": f"app-{serial % 50}"},
+                    movable=True,
                 )
                 pods.put(victim, name, CardIndex(i))
     budgets = tuple(
@@ -90,6 +95,28 @@ def build(args: argparse.Namespace) -> tuple[Ledger, View, float]:
         for i in range(10)
     )
     return ledger, View(pods=pods, budgets=budgets, now_s=1e6), time.perf_counter() - started
+
+
+def defrag(args: argparse.Namespace) -> dict[str, float | int]:
+    """The plan for `args.defrag` waiting pods of 60 GiB on the --defrag cluster: no card has
+    60 GiB free; moving one 30 GiB pod off a card that holds one makes room."""
+    ledger, view, _ = build(args)
+    pending = [
+        PendingPod(
+            ref=PodRef(namespace="bench", name=f"waiting-{i}", uid=PodUid(f"waiting-{i}")),
+            request=PodRequest(kind=GpuKind.MEMORY, total=60 * 1024, containers=()),
+            node_check=lambda _node, _gone: None,
+        )
+        for i in range(args.defrag)
+    ]
+    started = time.perf_counter()
+    plan = plan_defrag(ledger, pending, view)
+    return {
+        "defrag_plan_s": round(time.perf_counter() - started, 2),
+        "defrag_moves": len(plan.moves),
+        "defrag_placed": len(plan.rooms),
+        "defrag_target_s": 2,
+    }
 
 
 def main() -> int:
@@ -107,9 +134,16 @@ def main() -> int:
         help="ask for a whole card's memory: with two pods on every card (--pods twice the "
         "cards), no single pod makes room and every card is searched",
     )
+    parser.add_argument(
+        "--defrag",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also time the defragmentation plan for N waiting pods of 60 GiB",
+    )
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
-    ledger, view, build_s = build(args)
+    ledger, view, build_s = build(argparse.Namespace(**{**vars(args), "defrag": 0}))
     rng = random.Random(args.seed + 1)
     cordoned = {NodeName(f"node-{i:05d}") for i in range(0, args.nodes, 50)}
 
@@ -146,6 +180,13 @@ def main() -> int:
         f"preemption decision: p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms, "
         f"max {result['max_ms']} ms ({chosen} of {args.decisions} found victims)"
     )
+    if args.defrag:
+        result.update(defrag(args))
+        print(
+            f"defragmentation plan for {args.defrag} waiting pods of 60 GiB: "
+            f"{result['defrag_plan_s']} s, {result['defrag_moves']} move(s), "
+            f"{result['defrag_placed']} placed"
+        )
     if args.json:
         with open(args.json, "w") as out:
             json.dump({"machine": machine, "args": vars(args), "results": result}, out, indent=2)

@@ -1,16 +1,19 @@
 """`gpushare` (also the kubectl plugin `kubectl gpushare`): what the GPUs hold, and why a pod
-waits. Read-only: one paged LIST of nodes, GPUNodes and pods, then the operator's own cache
-and decision (`gpushare_operator.decision.plan`) answer, so the CLI says what the scheduler
-would.
+waits. One paged LIST of nodes, GPUNodes and pods, then the operator's own cache and decision
+(`gpushare_operator.decision.plan`) answer, so the CLI says what the scheduler would. Only
+`defrag --apply` writes (evictions).
 
     gpushare inspect [NODE] [-d]        cards per node: model, used/total MiB, health (-d: pods)
     gpushare explain POD [-n NS]        where the pod is, or why it waits, card by card
     gpushare simulate -f pod.yaml       where the pod would go now, and why; nothing is written
+    gpushare defrag [--apply]           the fewest pods to move so that the waiting pods fit;
+                                        --apply moves them, one eviction at a time
 
 `-o json` prints machine-readable output. Exit status: 0 done, 1 the cluster or the pod could
-not be read, 2 bad arguments or a bad file; `simulate` also 3 when the pod would wait (it does
-not fit now, but would on the cluster's nodes if other pods went) and 4 when it fits no node
-even with no other pod (waiting will not help).
+not be read (or, `defrag --apply`, a move could not be made), 2 bad arguments or a bad file;
+`simulate` also 3 when the pod would wait (it does not fit now, but would on the cluster's
+nodes if other pods went) and 4 when it fits no node even with no other pod (waiting will not
+help); `defrag` 3 when some waiting pods no plan places.
 """
 
 from __future__ import annotations
@@ -26,10 +29,18 @@ from typing import Any
 
 from gpushare.model import GpuShareError
 from gpushare.model.admission import admit
+from gpushare_cli.act import apply_moves
 from gpushare_cli.errors import CliError
 from gpushare_cli.read import Cluster, context_namespace, load_pod, read_cluster
-from gpushare_cli.render import explain_json, inspect_json, render_explain, render_inspect
-from gpushare_cli.report import State, explain, find_pod, inspect
+from gpushare_cli.render import (
+    defrag_json,
+    explain_json,
+    inspect_json,
+    render_defrag,
+    render_explain,
+    render_inspect,
+)
+from gpushare_cli.report import State, defrag, explain, find_pod, inspect
 
 
 def parser() -> argparse.ArgumentParser:
@@ -95,6 +106,22 @@ def parser() -> argparse.ArgumentParser:
         parents=[common],
     )
     simulate_cmd.add_argument("-f", "--filename", required=True, help="a Pod manifest, - for stdin")
+    defrag_cmd = commands.add_parser(
+        "defrag",
+        help="the fewest moves after which waiting pods fit",
+        description="The fewest pods to move (controller-owned gpu-memory pods, evicted and "
+        "placed again as their replacements) so that the pods waiting now fit, PodDisruption"
+        "Budgets and gangs' minimums kept. Exit status 3: some waiting pods no plan places.",
+        parents=[common],
+    )
+    mode = defrag_cmd.add_mutually_exclusive_group()
+    mode.add_argument("--plan", action="store_true", help="print the plan (the default)")
+    mode.add_argument(
+        "--apply",
+        action="store_true",
+        help="carry it out: one eviction at a time, each waiting for its replacement to be "
+        "bound; stops at a refused eviction",
+    )
     return parse
 
 
@@ -115,6 +142,8 @@ async def _run(args: argparse.Namespace) -> tuple[str, int]:
     if args.command == "simulate":
         pod = load_pod(args.filename, namespace)  # a bad file fails before any cluster call
     cluster = await read_cluster(kubeconfig, context)
+    if args.command == "defrag":
+        return await _defrag(args, cluster, as_json)
     if args.command == "inspect":
         only = None if every or _option(args, "namespace") is None else namespace
         nodes = inspect(cluster, args.node, namespace=only)
@@ -129,6 +158,23 @@ async def _run(args: argparse.Namespace) -> tuple[str, int]:
         status = SIMULATE_STATUS.get(report.outcome.state, 0)
     shown = json.dumps(explain_json(report), indent=2) if as_json else render_explain(report)
     return shown, status
+
+
+async def _defrag(args: argparse.Namespace, cluster: Cluster, as_json: bool) -> tuple[str, int]:
+    plan = defrag(cluster)
+    status = 3 if plan.waiting else 0
+    shown = json.dumps(defrag_json(plan), indent=2) if as_json else render_defrag(plan)
+    if not args.apply or not plan.moves:
+        return shown, status
+    print(shown, flush=True)
+    await apply_moves(
+        _option(args, "kubeconfig"),
+        _option(args, "context"),
+        plan.moves,
+        cluster.pods,
+        lambda line: print(line, flush=True),
+    )
+    return f"done: {len(plan.moves)} move(s); the scheduler places the waiting pods", status
 
 
 def as_admitted(pod: dict[str, Any], cluster: Cluster) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from enum import Enum
 from typing import Any
 
 from gpushare.model import GpuKind, Placement, contract
+from gpushare.model.defrag import DefragPlan
 from gpushare.model.diagnosis import CardProblem, NodeVerdict, format_amount
 from gpushare_cli.report import (
     Bound,
@@ -232,3 +233,55 @@ def table(rows: Sequence[Sequence[str]]) -> str:
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         for row in rows
     )
+
+
+def defrag_json(plan: DefragPlan) -> dict[str, Any]:
+    return {
+        "rooms": [
+            {
+                "pod": str(room.pod),
+                "node": room.placement.node,
+                "card": room.placement.cards[0],
+                "freeBeforeMiB": room.free_before_mib,
+                "freedMiB": room.freed_mib,
+                "moves": [
+                    {
+                        "pod": str(move.pod),
+                        "mib": move.mib,
+                        "from": {"node": move.node, "card": move.card},
+                        "to": {"node": move.to.node, "card": move.to.cards[0]},
+                    }
+                    for move in room.moves
+                ],
+            }
+            for room in plan.rooms
+        ],
+        "waiting": [{"pod": str(pod), "reason": reason} for pod, reason in plan.waiting],
+    }
+
+
+def render_defrag(plan: DefragPlan) -> str:
+    if not plan.rooms and not plan.waiting:
+        return "no pod waits for a GPU: nothing to move"
+    moves = plan.moves
+    lines = [
+        f"{len(moves)} move(s) for {sum(1 for r in plan.rooms if r.moves)} waiting pod(s); "
+        f"each moved pod is evicted and its controller's replacement placed again"
+    ]
+    for room in plan.rooms:
+        mib = room.placement.amount * room.placement.unit_mib
+        where = f"{room.placement.node} card {room.placement.cards[0]}"
+        if not room.moves:
+            lines.append(f"{room.pod} ({mib} MiB): fits now on {where}")
+            continue
+        lines.append(
+            f"{room.pod} ({mib} MiB): {where}, {room.free_before_mib} MiB free now, "
+            f"{room.freed_mib} MiB once these move:"
+        )
+        lines += [
+            f"  move {move.pod} ({move.mib} MiB) from {move.node} card {move.card} to "
+            f"{move.to.node} card {move.to.cards[0]}"
+            for move in room.moves
+        ]
+    lines += [f"still waiting: {pod}: {reason}" for pod, reason in plan.waiting]
+    return "\n".join(lines)

@@ -18,6 +18,7 @@ from gpushare.model import (
     GpuKind,
     InventorySource,
     Ledger,
+    NodeCheck,
     NodeName,
     NodeUsage,
     NodeVerdict,
@@ -29,6 +30,8 @@ from gpushare.model import (
     diagnose,
 )
 from gpushare.model.bodies import Body, annotations_of, path, text
+from gpushare.model.defrag import DefragPlan
+from gpushare.model.filters import pod_needs
 from gpushare.model.gangs import GroupSpec, group_of
 from gpushare.model.measured import MeasuredUsage, measured_of
 from gpushare.model.preemption import Preemption
@@ -38,6 +41,7 @@ from gpushare_cli.read import Cluster
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.scheduling.cache import SchedulerCache
 from gpushare_operator.scheduling.decision import Plan, Refusal, plan
+from gpushare_operator.scheduling.defrag import defrag_plan
 from gpushare_operator.scheduling.gangs import GangBook, decide_gang
 from gpushare_operator.scheduling.podinfo import Demand, PodInfo
 from gpushare_operator.scheduling.preemption import Room, make_room
@@ -369,6 +373,21 @@ def _all_gangs(cluster: Cluster) -> GangBook:
         if group_of(body) is not None:
             book.observe_member(PodInfo.parse(body))
     return book
+
+
+def defrag(cluster: Cluster) -> DefragPlan:
+    """The fewest moves after which the pods waiting now fit, as the operator plans them;
+    each moved pod's replacement must pass that pod's own node filters where it lands."""
+    cache = build_cache(cluster)
+    needs = {
+        PodUid(text(path(body, "metadata").get("uid")) or ""): pod_needs(body)
+        for body in cluster.pods
+    }
+
+    def moved_check(uid: PodUid) -> NodeCheck | None:
+        return cache.node_check(needs[uid]) if uid in needs else None
+
+    return defrag_plan(cache, _all_gangs(cluster), cluster.config.policy, moved_check=moved_check)
 
 
 def _decide(

@@ -22,6 +22,7 @@ from enum import Enum
 from gpushare import options
 from gpushare.model import Policy, contract
 from gpushare.model.admission import AdmissionSettings, LimitsIn
+from gpushare.model.defrag import Defragmentation
 from gpushare.model.devices import MAX_UNIT_MIB
 from gpushare.model.overuse import OverUsePolicy
 from gpushare.options import Option
@@ -64,6 +65,8 @@ class OperatorConfig:
     over_use_policy: OverUsePolicy = OverUsePolicy.WARN
     over_use_grace_s: float = 30.0
     preemption: bool = True
+    defragmentation: Defragmentation = Defragmentation.OFF
+    defrag_interval_s: float = 60.0
     webhook_port: int = 9443
     webhook_address: str = "127.0.0.1"  # the manifests set 0.0.0.0: the Service's pod IP
     webhook_hosts: frozenset[str] = frozenset({"gpushare-webhook.gpushare-system.svc"})
@@ -362,6 +365,27 @@ OPTIONS = (
         parse=options.boolean,
         help="true | false: a pending GPU pod that fits no card evicts pods of lower "
         "priority from the one card (or node, for whole cards) where that costs least",
+    ),
+    Option(
+        field="defragmentation",
+        env="GPUSHARE_DEFRAGMENTATION",
+        flag="--defragmentation",
+        live="defragmentation",
+        schema={"type": "string", "enum": [d.value for d in Defragmentation]},
+        parse=options.one_of(Defragmentation),
+        help="what the operator does on its own when waiting pods would fit if others moved: "
+        "Off, Plan (an Event on each such pod and metrics saying what moving would free) or "
+        "Auto (also move them: one waiting pod's moves per interval)",
+    ),
+    Option(
+        field="defrag_interval_s",
+        env="GPUSHARE_DEFRAG_INTERVAL",
+        flag="--defrag-interval",
+        live="defragmentationIntervalSeconds",
+        schema=_SECONDS_SCHEMA,
+        parse=_seconds,
+        help="seconds between two defragmentation plans (with Auto: between two waiting pods' "
+        "moves)",
     ),
     Option(
         field="webhook_port",

@@ -80,6 +80,17 @@ class SchedulerMetrics:
             registry=self.registry,
         )
 
+        self.defrag_moves = Gauge(
+            "gpushare_defrag_moves",
+            "Pods the defragmentation plan moves so that waiting pods fit (Plan and Auto).",
+            registry=self.registry,
+        )
+        self.defrag_freeable_bytes = Gauge(
+            "gpushare_defrag_freeable_bytes",
+            "GPU memory the plan's moves would free on the cards it makes whole.",
+            registry=self.registry,
+        )
+
     def serve(self, port: int) -> None:
         if port:
             start_http_server(port, registry=self.registry)

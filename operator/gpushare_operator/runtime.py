@@ -25,6 +25,7 @@ from gpushare.model import contract
 from gpushare.model.bodies import Body, path, text
 from gpushare.model.gangs import GroupApi
 from gpushare_operator.config import ConfigError, OperatorConfig, describe, with_live
+from gpushare_operator.defragmenter import Defragmenter
 from gpushare_operator.election import LeaseElector
 from gpushare_operator.intake import Intake
 from gpushare_operator.kubeapi import SchedulerApi
@@ -101,6 +102,14 @@ class Runtime:
         )
         self.over_use = OverUseGuard(
             cache=self.cache,
+            api=api,
+            reporter=self.reporter,
+            metrics=self.metrics,
+            config=self.current_config,
+        )
+        self.defragmenter = Defragmenter(
+            cache=self.cache,
+            gangs=self.gangs,
             api=api,
             reporter=self.reporter,
             metrics=self.metrics,
@@ -265,6 +274,7 @@ class Runtime:
             work.create_task(self.scheduler.run(), name="scheduler")
             work.create_task(self.status.run(), name="status")
             work.create_task(self.over_use.run(), name="over-use")
+            work.create_task(self.defragmenter.run(), name="defragmenter")
 
     # -- feeding the cache ---------------------------------------------------------------
 

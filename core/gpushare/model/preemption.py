@@ -38,9 +38,13 @@ from gpushare.model.request import GpuKind, PodRequest
 from gpushare.model.usage import Ledger, NodeUsage, PodRef, PodUid
 
 MAX_SETS = 4096
+NO_ROOM = "no card would take it with pods of lower priority gone"
 
 NodeCheckWithout = Callable[[NodeName, frozenset[PodUid]], str | None]
 """The pod's non-GPU filters on a node once the given pods are gone: None, or why not."""
+SetCheck = Callable[[Placement, frozenset[PodUid]], str | None]
+"""A last word on an eligible set and where it puts the pod (defragmentation: whether the
+pods it moves fit elsewhere): None, or why not."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,6 +58,8 @@ class Evictable:
     labels: Mapping[str, str] = field(default_factory=dict)
     gang: Hashable | None = None
     """The gang (PodGroup) it belongs to, if any (`View.gangs`)."""
+    movable: bool = False
+    """A controller owns it: evicted, it comes back (defragmentation moves only these)."""
 
 
 class Evictables(Mapping[PodUid, Evictable]):
@@ -66,6 +72,17 @@ class Evictables(Mapping[PodUid, Evictable]):
         self._pods: dict[PodUid, Evictable] = {}
         self._keys: dict[PodUid, tuple[int, float, str, int, str]] = {}
         self._ranked: list[tuple[int, float, str, int, str]] = []
+
+    @classmethod
+    def of(cls, pods: Iterable[tuple[Evictable, NodeName, CardIndex]]) -> Evictables:
+        """A table of `pods` (each with its node and first card), ranked in one sort."""
+        table = cls()
+        for pod, node, card in pods:
+            key = (pod.priority, -pod.started_s, node, card, pod.ref.uid)
+            table._pods[pod.ref.uid] = pod
+            table._keys[pod.ref.uid] = key
+        table._ranked = sorted(table._keys.values())
+        return table
 
     def put(self, pod: Evictable, node: NodeName, card: CardIndex) -> None:
         self.discard(pod.ref.uid)
@@ -112,6 +129,9 @@ class View:
     gangs: Mapping[Hashable, GangHold] = field(default_factory=dict)
     budgets: Sequence[Budget] = ()
     now_s: float = 0.0
+    whole_gangs: bool = True
+    """A set that takes a gang below its minimum takes the whole gang (preemption); False:
+    such a set is not eligible (defragmentation never breaks a gang)."""
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -138,10 +158,11 @@ def preempt(
     *,
     node_check: NodeCheckWithout,
     card_check: CardCheck | None = None,
+    set_check: SetCheck | None = None,
 ) -> Preemption | str:
     """The cheapest preemption that lets a pod of `priority` with `request` fit, or why
     there is none."""
-    search = _Search(ledger, priority, view, node_check, card_check)
+    search = _Search(ledger, priority, view, node_check, card_check, set_check=set_check)
     if request.kind is GpuKind.MEMORY:
         if search.single_victim(request.total):
             return search.best or search.why_not()
@@ -181,6 +202,8 @@ def with_gangs(chosen: Iterable[PodUid], view: View, priority: int) -> frozenset
         hold = view.gangs.get(key) if key is not None else None
         if hold is None or key in done or len(victims & hold.members) <= hold.spare:
             continue
+        if not view.whole_gangs:
+            return None
         done.add(key)
         for uid in hold.members - victims:
             member = view.pods.get(uid)
@@ -199,12 +222,15 @@ class _Search:
         view: View,
         node_check: NodeCheckWithout,
         card_check: CardCheck | None,
+        *,
+        set_check: SetCheck | None = None,
     ) -> None:
         self._ledger = ledger
         self._priority = priority
         self._view = view
         self._node_check = node_check
         self._card_check = card_check
+        self._set_check = set_check
         self.best: Preemption | None = None
         self._key: tuple[Cost, NodeName, tuple[CardIndex, ...]] | None = None
         self._reasons: dict[str, None] = {}  # why eligible sets were refused, in order
@@ -366,6 +392,9 @@ class _Search:
             self._reasons.setdefault(
                 "the pods that would make room include members of a gang of equal or higher "
                 "priority, whose minimum they would break"
+                if self._view.whole_gangs
+                else "the pods that would make room include members of a gang that would fall "
+                "below its minMember"
             )
             return
         cost = cost_of(victims, self._view)
@@ -383,9 +412,13 @@ class _Search:
         if reason is not None:
             self._reasons.setdefault(f"node {name} would still refuse it: {reason}")
             return
+        placement = self._placement(node, cards, kind, amount, victims)
+        if self._set_check is not None and (reason := self._set_check(placement, victims)):
+            self._reasons.setdefault(reason)
+            return
         self._key = key
         self.best = Preemption(
-            placement=self._placement(node, cards, kind, amount, victims),
+            placement=placement,
             victims=tuple(sorted((p.ref for p in pods), key=lambda r: (r.namespace, r.name))),
             cost=cost,
         )
@@ -424,4 +457,4 @@ class _Search:
     def why_not(self) -> str:
         if self._reasons:
             return "; ".join(self._reasons)
-        return "no card would take it with pods of lower priority gone"
+        return NO_ROOM

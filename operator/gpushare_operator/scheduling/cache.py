@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from gpushare.model import (
     CardIndex,
+    GpuKind,
     GpuShareError,
     Ledger,
     NodeCheck,
@@ -262,6 +263,7 @@ class SchedulerCache:
                     started_s=pod.started_s,
                     labels=pod.labels,
                     gang=pod.group,
+                    movable=pod.controlled and allocation.kind is GpuKind.MEMORY,
                 )
                 self._evictable.put(victim, pod.node, min(allocation.cards))
             if allocation.cards and claim.request and not assigned and not pod.terminating:

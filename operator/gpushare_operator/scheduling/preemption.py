@@ -84,7 +84,7 @@ def make_room(
         demand.request,
         priority,
         cache.preemption_view(gang_holds(cache, book)),
-        node_check=_node_check(cache, demand),
+        node_check=node_check_for(cache, demand),
         card_check=cache.card_check(demand.request, pod.ref.namespace),
     )
     if isinstance(found, str):
@@ -171,7 +171,7 @@ def _gang_rooms(
                 demand.request,
                 priority,
                 cache.preemption_view(gang_holds(cache, book)),
-                node_check=_node_check(cache, demand),
+                node_check=node_check_for(cache, demand),
                 card_check=cache.card_check(demand.request, pod.ref.namespace),
             )
             if isinstance(preemption, str):
@@ -242,7 +242,8 @@ def _still_waiting(cache: SchedulerCache, nomination: Nomination) -> Refusal | N
     )
 
 
-def _node_check(cache: SchedulerCache, demand: Demand) -> NodeCheckWithout:
+def node_check_for(cache: SchedulerCache, demand: Demand) -> NodeCheckWithout:
+    """The pod's filters on a node once some pods are gone: its memory unit, and the rest."""
     units = unit_check(cache.ledger, demand.unit_mib, None)
     without = cache.node_check_without(demand.needs)
 

@@ -112,6 +112,8 @@ def test_one_option_per_field_each_with_its_own_variable_and_flag() -> None:
         "overUsePolicy",
         "overUseGraceSeconds",
         "preemption",
+        "defragmentation",
+        "defragmentationIntervalSeconds",
     }
 
 

@@ -17,6 +17,7 @@ from typing import Any, cast
 import pytest
 import pytest_asyncio
 from cluster import (
+    bind_pod,
     bound,
     create_pod,
     events_of,
@@ -29,6 +30,8 @@ from cluster import (
 )
 from kubernetes_asyncio import client
 
+from gpushare.kube import raw_json
+from gpushare.model import contract
 from gpushare.model.gangs import PLURAL, VOLCANO_GROUP_ANNOTATIONS, GroupApi
 from gpushare_harness import ControlPlane, FakeGpuNode, create_gpu_node
 from gpushare_harness.crds import install_podgroup_crds
@@ -157,10 +160,11 @@ async def test_a_pod_that_never_preempts_or_has_no_one_below_it_waits(
         assert not (await read_pod(core, name))["metadata"].get("deletionTimestamp"), name
 
 
-def simulate(plane: ControlPlane, manifest: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def cli(plane: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
+    """`gpushare ARGS` as a person runs it."""
     command = [sys.executable, "-m", "gpushare_cli", "--kubeconfig", str(plane.kubeconfig)]
     return subprocess.run(
-        [*command, "simulate", "-f", str(manifest), *args],
+        [*command, *args],
         capture_output=True,
         text=True,
         check=False,
@@ -179,10 +183,10 @@ async def test_simulate_shows_whom_a_pod_of_higher_priority_would_evict(
     body = pod("h", 6000, high=True)
     body["spec"]["priority"] = 1000  # as the Priority admission plugin would set it
     manifest.write_text(json.dumps(body))
-    shown = await asyncio.to_thread(simulate, plane, manifest)
+    shown = await asyncio.to_thread(cli, plane, "simulate", "-f", str(manifest))
     assert shown.returncode == 3, shown.stderr  # it would wait
     assert "would evict, on n card 1: default/c" in shown.stdout, shown.stdout
-    as_json = await asyncio.to_thread(simulate, plane, manifest, "-o", "json")
+    as_json = await asyncio.to_thread(cli, plane, "simulate", "-f", str(manifest), "-o", "json")
     assert json.loads(as_json.stdout)["preempts"] == {
         "node": "n",
         "cards": [1],
@@ -252,3 +256,109 @@ async def test_a_gang_that_cannot_make_room_for_every_member_evicts_no_one(
     )
     for name in ("a", "b", "f"):
         assert not (await read_pod(core, name))["metadata"].get("deletionTimestamp"), name
+
+
+async def fragment(core: client.CoreV1Api) -> None:
+    """Card 0: a (5000, bare) and w1 (3000, a controller's); card 1: b (6000, bare) and w2
+    (2000, a controller's); card 2: c (7000, bare); pending: p (5000), which fits once w1
+    moves to card 2, and q (9000), which fits nowhere even then. Bound as the operator binds."""
+    await create_gpu_node(core, FakeGpuNode(name="n", gpu_memory=30000, gpu_number=3))
+    owner = await raw_json(
+        core.create_namespaced_config_map(
+            "default",
+            client.V1ConfigMap(metadata=client.V1ObjectMeta(name="web")),
+            _preload_content=False,
+        )
+    )
+    reference = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": "web",
+        "uid": owner["metadata"]["uid"],
+        "controller": True,
+    }
+    for name, mib, card, owned in (
+        ("a", 5000, "0", False),
+        ("w1", 3000, "0", True),
+        ("b", 6000, "1", False),
+        ("w2", 2000, "1", True),
+        ("c", 7000, "2", False),
+    ):
+        body = pod(name, mib)
+        if owned:
+            body["metadata"]["ownerReferences"] = [reference]
+        await bind_pod(core, await create_pod(core, body), "n", {contract.GPU_INDEX: card})
+    for name in ("p", "q"):
+        await create_pod(core, pod(name, 5000 if name == "p" else 9000))
+
+
+async def test_defrag_plans_the_fewest_moves_of_controlled_pods_for_a_waiting_pod(
+    api: client.ApiClient, core: client.CoreV1Api, plane: ControlPlane, tmp_path: Path
+) -> None:
+    await fragment(core)  # no operator runs: `gpushare defrag` plans on its own
+    shown = await asyncio.to_thread(cli, plane, "defrag", "-o", "json")
+    assert shown.returncode == 3, shown.stderr  # q waits
+    assert json.loads(shown.stdout) == {
+        "rooms": [
+            {
+                "pod": "default/p",
+                "node": "n",
+                "card": 0,
+                "freeBeforeMiB": 2000,
+                "freedMiB": 5000,
+                "moves": [
+                    {
+                        "pod": "default/w1",
+                        "mib": 3000,
+                        "from": {"node": "n", "card": 0},
+                        "to": {"node": "n", "card": 2},
+                    }
+                ],
+            }
+        ],
+        "waiting": [
+            {
+                "pod": "default/q",
+                "reason": "no card would take it with the pods that may move moved elsewhere",
+            }
+        ],
+    }
+    text_plan = await asyncio.to_thread(cli, plane, "defrag", "--plan")
+    assert "  move default/w1 (3000 MiB) from n card 0 to n card 2" in text_plan.stdout
+
+
+async def test_the_operator_tells_the_plan_then_carries_it_out_when_told_to(
+    api: client.ApiClient, core: client.CoreV1Api, start_operator: Start
+) -> None:
+    await fragment(core)
+    start_operator(GPUSHARE_DEFRAGMENTATION="Plan", GPUSHARE_DEFRAG_INTERVAL="1")
+    (planned,) = await messages(core, "p", "DefragmentationPlan")
+    assert planned == (
+        "moving 1 pod(s) would free 5000 MiB on node n card 0 (2000 MiB free now) for this "
+        "pod: default/w1 (3000 MiB) to node n card 2"
+    )
+    assert not (await read_pod(core, "w1"))["metadata"].get("deletionTimestamp")
+    await create_config(api, {"defragmentation": "Auto"})
+    await gone(core, "w1")  # evicted; no controller runs here to replace it
+    assert gpu_index(await bound(core, "p")) == "0"
+    for name in ("a", "b", "c", "w2"):
+        assert not (await read_pod(core, name))["metadata"].get("deletionTimestamp"), name
+    (moved,) = await messages(core, "w1", "Defragmented")
+    assert moved == (
+        "Evicted to make room on node n card 0 for a waiting pod; its controller's "
+        "replacement is placed again"
+    )
+
+
+async def create_config(api: client.ApiClient, spec: dict[str, Any]) -> None:
+    config = {
+        "apiVersion": "gpushare.io/v1alpha1",
+        "kind": "GPUShareConfig",
+        "metadata": {"name": "default"},
+        "spec": spec,
+    }
+    await raw_json(
+        client.CustomObjectsApi(api).create_cluster_custom_object(
+            "gpushare.io", "v1alpha1", "gpushareconfigs", config, _preload_content=False
+        )
+    )

@@ -18,6 +18,7 @@ import os
 import shutil
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -38,6 +39,7 @@ from cluster import (
     gpu_pod,
     read_pod,
     refused_rights,
+    unschedulable,
 )
 from kubernetes_asyncio import client
 
@@ -544,6 +546,87 @@ async def test_a_pod_of_higher_priority_evicts_the_cheapest_pod_its_budget_allow
     finally:
         real.kubectl("delete", "-f", str(budget), "--ignore-not-found", check=False)
         real.kubectl("delete", "-f", str(classes), "--ignore-not-found", check=False)
+
+
+async def test_a_deployment_spread_across_cards_is_defragmented_and_the_waiting_pod_runs(
+    real: Cluster, core: client.CoreV1Api, tmp_path: Path
+) -> None:
+    """The coarse node (512 MiB units): the 80 GiB card full; four replicas of 4096 MiB one
+    per small card (spacers placed them so, then went), each card 6656 MiB free. A pod of
+    8192 MiB fits no card; `gpushare defrag --apply` moves one replica and it runs."""
+    node = real.coarse
+    deployment = tmp_path / "web.yaml"
+    template = on(node, "web", 4096, terminationGracePeriodSeconds=1)
+    template["metadata"] = {"labels": {"app": "web"}}
+    deployment.write_text(
+        json.dumps(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": "web", "namespace": "default"},
+                "spec": {
+                    "replicas": 4,
+                    "selector": {"matchLabels": {"app": "web"}},
+                    "template": {"metadata": template["metadata"], "spec": template["spec"]},
+                },
+            }
+        )
+    )
+    try:
+        await create_pod(core, on(node, "full", 81920))
+        await running(core, "full")
+        for index in range(1, 5):  # one per small card, 4096 MiB left beside each
+            await create_pod(core, on(node, f"spacer-{index}", 6656))
+            assert gpu_index(await running(core, f"spacer-{index}")) == str(index)
+        real.kubectl("apply", "-f", str(deployment))
+
+        async def replicas() -> dict[str, str | None] | None:
+            listed = await raw_json(
+                core.list_namespaced_pod(
+                    "default", label_selector="app=web", _preload_content=False
+                )
+            )
+            cards = {
+                p["metadata"]["name"]: gpu_index(p)
+                for p in listed["items"]
+                if p["status"].get("phase") == "Running"
+            }
+            return cards if len(cards) == 4 else None
+
+        spread = await eventually(replicas, timeout_s=90, what="the four replicas running")
+        assert sorted(map(str, spread.values())) == ["1", "2", "3", "4"]
+        for index in range(1, 5):
+            await core.delete_namespaced_pod(f"spacer-{index}", "default", grace_period_seconds=0)
+        await create_pod(core, on(node, "big", 8192))
+        assert "no card with enough free GPU memory" in await unschedulable(core, "big")
+
+        shown = await asyncio.to_thread(
+            subprocess.run,
+            [
+                sys.executable,
+                "-m",
+                "gpushare_cli",
+                "--kubeconfig",
+                str(real.kubeconfig),
+                "defrag",
+                "--apply",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=300,
+        )
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        moved = next(name for name, card in spread.items() if card == "1")
+        assert (
+            f"  move default/{moved} (4096 MiB) from coarse-node card 1 to coarse-node card 2"
+            in (shown.stdout)
+        )
+        assert f"move 1/1: evicted default/{moved} from coarse-node card 1" in shown.stdout
+        assert "its replacement default/web-" in shown.stdout
+        assert gpu_index(await running(core, "big", timeout_s=90)) == "1"
+    finally:
+        real.kubectl("delete", "-f", str(deployment), "--ignore-not-found", check=False)
 
 
 async def test_deleting_a_pod_releases_its_devices_in_the_checkpoint_and_the_gpunode(
