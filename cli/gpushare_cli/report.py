@@ -313,7 +313,11 @@ def explain(cluster: Cluster, pod: Body, *, simulated: bool = False) -> Explanat
         reason, preemption = decided.message, None
         spec = gangs.spec(info.group) if info.group is not None else None
         single = spec is None or (isinstance(spec, GroupSpec) and not spec.is_gang)
-        if config.preemption and single:  # as the operator: single pods preempt
+        nominated = text(path(pod, "status").get("nominatedNodeName"))
+        if nominated and not simulated:
+            # It preempted already: its victims are leaving (a new choice would pass them by).
+            reason = f"{reason}; nominated to node {nominated}: waiting for the pods it preempted"
+        elif config.preemption and single:  # as the operator: single pods preempt
             room = make_room(
                 cache, _all_gangs(cluster), info, decided, priority=gangs.priority_of(info)
             )

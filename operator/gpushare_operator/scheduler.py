@@ -204,11 +204,15 @@ class Scheduler:
         some pods of lower priority can make room; what to report on it meanwhile."""
         if refusal.quiet:
             return refusal
-        if not self._config().preemption:
-            self.cache.drop_nomination(pod.uid)
-            return refusal
         priority = self.gangs.priority_of(pod)
-        outcome = make_room(self.cache, self.gangs, pod, refusal, priority=priority)
+        outcome = make_room(
+            self.cache,
+            self.gangs,
+            pod,
+            refusal,
+            priority=priority,
+            may_preempt=self._config().preemption,
+        )
         if isinstance(outcome, Refusal):
             if not outcome.quiet:
                 self._metrics.preemption_attempts.labels("none").inc()

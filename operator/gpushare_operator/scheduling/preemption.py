@@ -65,21 +65,35 @@ def make_room(
     refusal: Refusal,
     *,
     priority: int,
+    may_preempt: bool = True,
 ) -> Room | Refusal:
-    """What to do for `pod`, which `refusal` keeps off every card: wait for the victims it
-    already preempted, preempt (`Room`), or report why it cannot (the refusal, extended)."""
+    """What to do for `pod`, which `refusal` keeps off every card: wait for the pods it is
+    nominated to replace (its victims, or the pods defragmentation moves for it), preempt
+    (`Room`; not with `may_preempt` False), or report why it cannot (the refusal, extended)."""
     nomination = cache.nomination(pod.uid)
     if nomination is not None:
         waiting = _still_waiting(cache, nomination)
         if waiting is not None:
             return waiting
         cache.drop_nomination(pod.uid)
+    if not may_preempt:
+        return refusal
     demand = pod.demand
     if not isinstance(demand, Demand) or demand.request.kind is None:
         return refusal
     if not pod.preempts:
         return _extended(refusal, "its preemptionPolicy is Never")
-    found = preempt(
+    found = _cheapest(cache, book, pod, demand, priority)
+    if isinstance(found, str):
+        return _extended(refusal, found)
+    return _room(refusal, found)
+
+
+def _cheapest(
+    cache: SchedulerCache, book: GangBook, pod: PodInfo, demand: Demand, priority: int
+) -> Preemption | str:
+    """The model's choice of victims for `pod`, on the cache as it is now."""
+    return preempt(
         cache.ledger,
         demand.request,
         priority,
@@ -87,9 +101,6 @@ def make_room(
         node_check=node_check_for(cache, demand),
         card_check=cache.card_check(demand.request, pod.ref.namespace),
     )
-    if isinstance(found, str):
-        return _extended(refusal, found)
-    return _room(refusal, found)
 
 
 def _room(refusal: Refusal, preemption: Preemption) -> Room:
@@ -166,13 +177,8 @@ def _gang_rooms(
             demand = pod.demand
             if not isinstance(demand, Demand) or demand.request.kind is None:
                 continue
-            preemption = _fits(cache, pod, demand, policy) or preempt(
-                cache.ledger,
-                demand.request,
-                priority,
-                cache.preemption_view(gang_holds(cache, book)),
-                node_check=node_check_for(cache, demand),
-                card_check=cache.card_check(demand.request, pod.ref.namespace),
+            preemption = _fits(cache, pod, demand, policy) or _cheapest(
+                cache, book, pod, demand, priority
             )
             if isinstance(preemption, str):
                 why = preemption
