@@ -240,7 +240,10 @@ class SchedulerCache:
             requests = {PODS: 1}
         claim = claim_of(pod.body)
         allocation = claim.allocation
-        recorded = previous.cards if previous is not None else None
+        # The cards of a pod seen bound before are the cache's record; an assumption is not:
+        # its bind may never have gone through, and another leader may have bound the pod
+        # elsewhere (what the Binding wrote is then the truth).
+        recorded = previous.cards if previous is not None and previous.pending is None else None
         if allocation is not None and recorded is not None and allocation.cards != recorded:
             problems.append(
                 f"pod {pod.ref}: {GPU_INDEX} reads {format_card_indices(allocation.cards)!r} "

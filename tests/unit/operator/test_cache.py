@@ -123,6 +123,22 @@ def test_a_gpu_index_edited_after_the_bind_moves_nothing_in_the_books() -> None:
     assert usage.unattributed_memory == 0
 
 
+def test_a_pod_assumed_here_but_bound_by_another_leader_counts_where_that_one_put_it() -> None:
+    c = cache([1000.0])
+    pod = PodInfo.parse(gpu_pod("a", 6000, uid="ua"))
+    c.observe_pod(pod)
+    decided = plan(c, pod, Policy.BESTFIT)
+    assert isinstance(decided, Plan)
+    c.assume(pod, decided)  # card 0; the bind is lost with the leadership
+    bound = gpu_pod("a", 6000, node="n", index="1", uid="ua")  # the next leader chose card 1
+    seen = c.observe_pod(PodInfo.parse(bound))
+    usage = c.ledger.node(NodeName("n"))
+    assert usage is not None
+    assert usage.cards[CardIndex(0)].used == 0
+    assert usage.cards[CardIndex(1)].used == 6000
+    assert not seen.problems
+
+
 def test_an_assigned_pod_is_never_waited_for_again_whatever_its_annotations_say() -> None:
     clock = [1000.0]
     c = cache(clock)
