@@ -99,6 +99,10 @@ class Intake:
             self.queue.add(uid, self.gangs.priority_of(pod))
         elif change is PodChange.BOUND:
             self.queue.remove(uid)
+            where = self.cache.cards_of(uid) if pod.terminating else None
+            if where is not None:
+                for card in where[1]:
+                    self.queue.card_freeing(where[0], card)
         elif change is PodChange.GONE:
             self.queue.remove(uid)
             self.queue.wake()

@@ -40,6 +40,7 @@ from gpushare_operator.metrics import SchedulerMetrics
 from gpushare_operator.reporting import Reporter
 from gpushare_operator.scheduling.cache import SchedulerCache
 from gpushare_operator.scheduling.decision import Plan, Refusal, plan
+from gpushare_operator.scheduling.defrag import claim_freed
 from gpushare_operator.scheduling.gangs import (
     NOT_ENOUGH_RESOURCES,
     GangBook,
@@ -55,7 +56,7 @@ from gpushare_operator.scheduling.preemption import (
     preemptor_message,
     victim_message,
 )
-from gpushare_operator.scheduling.queue import GangCheck, SchedulingQueue
+from gpushare_operator.scheduling.queue import CardFreeing, GangCheck, SchedulingQueue
 
 PREEMPTING = "Preempting"
 PREEMPTED = "Preempted"  # kube-scheduler's reason on a victim
@@ -99,6 +100,9 @@ class Scheduler:
                 work = await self.queue.pop()
                 if isinstance(work, GangCheck):
                     self._check_gang(work.group)
+                    continue
+                if isinstance(work, CardFreeing):
+                    self._claim_freed(work)
                     continue
                 uid = work
                 started = time.perf_counter()
@@ -287,6 +291,22 @@ class Scheduler:
         for pod in broken_gang(self.cache, self.gangs, key):
             self._log.warning("gang_below_minimum", pod=str(pod.ref), group=str(key))
             self._start(self._evict(pod.ref), f"evict {pod.ref}")
+
+    def _claim_freed(self, freeing: CardFreeing) -> None:
+        """Reserve a card that terminating pods are about to free for the pod waiting longest
+        that it would let fit, so that a newer pod (the replacement of a moved one, say) does
+        not take it first; the pod is bound there once they are gone."""
+        claimed = claim_freed(
+            self.cache, self.gangs, freeing.node, freeing.card, self._config().policy
+        )
+        if claimed is None:
+            return
+        pod, placement = claimed
+        self.cache.nominate(pod.uid, placement, self.cache.leaving(freeing.node, freeing.card))
+        self.cache.reserve(pod, placement)
+        self._log.info(
+            "nominated_to_freed_card", pod=str(pod.ref), node=freeing.node, card=[freeing.card]
+        )
 
     async def _evict(self, pod: PodRef) -> None:
         try:

@@ -95,6 +95,8 @@ class _Holder:
     annotation is the only record). A later `gpu-index` that disagrees is not followed."""
     assigned: bool = False
     """The device plugin has served it: once seen, never undone by a later annotation."""
+    terminating: bool = False
+    """It is being deleted: what it holds is about to be free (`leaving`)."""
     pending: PodInfo | None = None
     """Assumed pods: the pending pod to restore if the bind fails."""
     pin: Pin | None = None
@@ -255,7 +257,14 @@ class SchedulerCache:
         elif claim.problem:
             problems.append(claim.problem)
         assigned = pod.assigned or (previous is not None and previous.assigned)
-        holder = _Holder(pod.ref, pod.node, requests, pod.fingerprint, assigned=assigned)
+        holder = _Holder(
+            pod.ref,
+            pod.node,
+            requests,
+            pod.fingerprint,
+            assigned=assigned,
+            terminating=pod.terminating,
+        )
         if allocation is not None:
             self.ledger.add(allocation)
             holder.cards = allocation.cards
@@ -437,6 +446,24 @@ class SchedulerCache:
             gangs=gangs,
             budgets=tuple(self._budgets.values()),
             now_s=self._clock(),
+        )
+
+    def cards_of(self, uid: PodUid) -> tuple[NodeName, tuple[CardIndex, ...]] | None:
+        """Where a bound (or assumed) pod holds cards, by the cache's record."""
+        holder = self._holders.get(uid)
+        if holder is None or not holder.cards:
+            return None
+        return holder.node, holder.cards
+
+    def leaving(self, node: NodeName, card: CardIndex) -> frozenset[PodUid]:
+        """The pods on a card that are being deleted (their memory about to be free)."""
+        usage = self.ledger.node(node)
+        if usage is None or card not in usage.cards:
+            return frozenset()
+        return frozenset(
+            uid
+            for uid in usage.cards[card].pods
+            if (holder := self._holders.get(uid)) is not None and holder.terminating
         )
 
     def clock(self) -> float:

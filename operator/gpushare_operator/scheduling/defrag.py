@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from gpushare.model import GpuKind, NodeCheck, PodUid
+from gpushare.model import CardIndex, GpuKind, NodeCheck, NodeName, Placement, PodUid
 from gpushare.model.defrag import DefragPlan, PendingPod, plan_defrag
-from gpushare.model.placement import Policy
+from gpushare.model.placement import Policy, find_placement
+from gpushare.model.preemption import NodeCheckWithout
 from gpushare_operator.scheduling.cache import SchedulerCache
 from gpushare_operator.scheduling.gangs import GangBook
 from gpushare_operator.scheduling.podinfo import Demand, PodInfo
@@ -54,3 +55,52 @@ def defrag_plan(
     view = cache.preemption_view(gang_holds(cache, book))
     movable = replace(view, pods={uid: p for uid, p in view.pods.items() if p.movable})
     return plan_defrag(cache.ledger, pending, movable, policy=policy, moved_check=moved_check)
+
+
+def claim_freed(
+    cache: SchedulerCache, book: GangBook, node: NodeName, card: CardIndex, policy: Policy
+) -> tuple[PodInfo, Placement] | None:
+    """The waiting pod (in the queue's order) that fits no card now but would fit `card` of
+    `node` once the pods terminating there are gone, and its place there; None if none."""
+    usage = cache.ledger.node(node)
+    leaving = cache.leaving(node, card)
+    if usage is None or not leaving or not usage.cards[card].card.healthy:
+        return None
+    held = 0
+    for uid in usage.cards[card].pods:
+        allocation = cache.ledger.allocation(uid)
+        if uid in leaving or allocation is None:
+            continue
+        if allocation.kind is GpuKind.NUMBER:
+            return None  # held whole by a pod that stays
+        held += allocation.amount
+    room = usage.cards[card].card.memory - held
+    for pod in waiting_pods(cache, book):
+        assert isinstance(pod.demand, Demand)  # waiting_pods keeps only these
+        need = pod.demand.request.total
+        if need > room or cache.nomination(pod.uid) is not None:
+            continue
+        check = node_check_for(cache, pod.demand)
+        if check(node, leaving) is not None:
+            continue
+        if find_placement(cache.ledger, pod.demand.request, policy, node_check=_now(check)):
+            continue  # it fits somewhere now: the scheduler places it
+        placement = Placement(
+            node=node,
+            cards=(card,),
+            kind=GpuKind.MEMORY,
+            amount=need,
+            free_after=room - need,
+            unit_mib=usage.inventory.unit_mib,
+        )
+        return pod, placement
+    return None
+
+
+def _now(check: NodeCheckWithout) -> NodeCheck:
+    """`check` with every pod where it is."""
+
+    def now(node: NodeName) -> str | None:
+        return check(node, frozenset())
+
+    return now

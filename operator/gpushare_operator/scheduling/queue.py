@@ -13,9 +13,11 @@ Three places, as in kube-scheduler's PriorityQueue:
   A keyed wake (the assignment of the pod a same-request pod waits for) is the one event
   such a pod waits on, once per assignment: it is tried at once.
 
-Beside pods, the decision loop takes one other kind of work from here: a gang that lost a
-member, to check whether what it holds must be released (`check_gang`, `GangCheck`); the
-intake queues it, the loop acts on it, before the next pod.
+Beside pods, the decision loop takes two other kinds of work from here, queued by the intake
+and acted on before the next pod: a gang that lost a member, to check whether what it holds
+must be released (`check_gang`, `GangCheck`); and a card a terminating pod is about to free,
+to be claimed for the pod waiting longest that it would let fit (`card_freeing`,
+`CardFreeing`), before a newer pod (a controller's replacement, say) takes it.
 
 Time comes from an injected clock, so tests drive it without sleeping.
 """
@@ -30,7 +32,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from gpushare.kube.retry import Backoff
-from gpushare.model import PodUid
+from gpushare.model import CardIndex, NodeName, PodUid
 from gpushare.model.gangs import GroupKey
 from gpushare_operator.config import OperatorConfig
 
@@ -40,6 +42,15 @@ class GangCheck:
     """A gang lost a member: check it (`gangs.broken_gang`) before the next pod."""
 
     group: GroupKey
+
+
+@dataclass(frozen=True, slots=True)
+class CardFreeing:
+    """A pod holding `card` of `node` began terminating: the pod waiting longest that its
+    memory would let fit is nominated to it before newer pods are decided."""
+
+    node: NodeName
+    card: CardIndex
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +81,7 @@ class SchedulingQueue:
         self._attempts: dict[PodUid, int] = {}
         self._priority: dict[PodUid, int] = {}
         self._gang_checks: dict[GroupKey, None] = {}  # in order, each once
+        self._freeing: dict[CardFreeing, None] = {}
         self._changed = asyncio.Event()
 
     def add(self, uid: PodUid, priority: int = 0) -> None:
@@ -145,6 +157,11 @@ class SchedulingQueue:
         self._gang_checks[group] = None
         self._changed.set()
 
+    def card_freeing(self, node: NodeName, card: CardIndex) -> None:
+        """Queue a claim on a card that a terminating pod is about to free."""
+        self._freeing[CardFreeing(node, card)] = None
+        self._changed.set()
+
     def depth(self) -> Depth:
         return Depth(
             active=len(self._in_active), backoff=len(self._ready_at), parked=len(self._parked)
@@ -178,14 +195,18 @@ class SchedulingQueue:
             return None
         return max(0.0, min(dues) - self._clock())
 
-    async def pop(self) -> PodUid | GangCheck:
-        """Wait for the next work: a gang to check, else the next pod to try."""
+    async def pop(self) -> PodUid | GangCheck | CardFreeing:
+        """Wait for the next work: a gang to check, a card being freed, else the next pod."""
         while True:
             self._changed.clear()
             if self._gang_checks:
                 group = next(iter(self._gang_checks))
                 del self._gang_checks[group]
                 return GangCheck(group)
+            if self._freeing:
+                freeing = next(iter(self._freeing))
+                del self._freeing[freeing]
+                return freeing
             uid = self.pop_ready()
             if uid is not None:
                 return uid
