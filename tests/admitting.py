@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from cluster import create_pod, eventually, gpu_pod
 from kubernetes_asyncio import client
 
-from gpushare.kube import ApiError
+from gpushare.kube import ApiError, raw_json
 from gpushare.model import contract
 
 NOT_CONVERTED = "admission webhook did not convert it"
@@ -38,10 +38,28 @@ async def refusal(core: client.CoreV1Api, body: dict[str, Any]) -> str:
 
 
 async def ready(core: client.CoreV1Api) -> None:
-    """The webhook answers with a trusted certificate (the operator has set the caBundle)."""
+    """The webhook answers with a trusted certificate (the operator has set the caBundle) and
+    the policy is in force (the apiserver loads it a moment after it is written, apart from
+    the webhook: a pod created before then passes unchecked)."""
     probe = gpu_pod("probe", 1024, nodeSelector={"none": "none"})
     await create(core, probe)
     await core.delete_namespaced_pod("probe", "default", grace_period_seconds=0)
+
+    async def policy_refuses() -> bool:
+        try:
+            await raw_json(
+                core.create_namespaced_pod(
+                    "default",
+                    cast(client.V1Pod, gpu_pod("policy-probe", 1024, nodeName="none")),
+                    dry_run="All",
+                    _preload_content=False,
+                )
+            )
+        except ApiError as error:
+            return "spec.nodeName" in error.message
+        return False
+
+    await eventually(policy_refuses, timeout_s=20, what="the admission policy in force")
 
 
 def limit(pod: dict[str, Any], index: int = 0) -> str:
