@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 TOOLS := .venv-tools
 DEV := .venv
 
-.PHONY: demo test up down bench lint clean node-packages
+.PHONY: demo test up down bench lint clean node-packages release
 
 ## demo: the user guide end to end (control plane, a real node with the device plugin, a fake
 ## heterogeneous node, the operator, the guide's pods, kubectl exec); leaves it running
@@ -17,6 +17,11 @@ test: node-packages $(TOOLS)/bin/tox
 ## node-packages: the Debian packages of a real node (containerd, runc, CNI), when missing
 node-packages:
 	harness/node-packages.sh
+
+## release: the versioned artifacts in dist/<version>/ (images, chart, CLI wheel, kubectl
+## plugin with its krew manifest, SBOMs, SHA256SUMS); REGISTRY=... names where images go
+release: node-packages $(DEV)/bin/gpushare-dev
+	$(DEV)/bin/gpushare-dev release --registry $(or $(REGISTRY),localhost/gpushare)
 
 ## up: a local control plane with the user guide's GPU node; prints the KUBECONFIG to use
 up: $(DEV)/bin/gpushare-dev

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs the Debian packages a real local node needs, when any is missing (root only):
-# containerd and runc (the container runtime), the CNI plugins, iproute2 and util-linux
+# runc (the OCI runtime; containerd 2 is built from the Go module proxy: Debian bookworm's 1.6
+# has no CDI), the CNI plugins, iproute2 and util-linux
 # (namespaces, veth, bridge), iptables (the kubelet's and kube-proxy's chains, inside the
 # node's namespace), busybox-static (the local stand-in for the guide's image), and buildah
 # with mmdebstrap (the project's images, built from its Dockerfiles on a Debian base).
 set -euo pipefail
-packages=(containerd runc containernetworking-plugins iproute2 util-linux iptables busybox-static
+packages=(runc containernetworking-plugins iproute2 util-linux iptables busybox-static
   buildah mmdebstrap)
 missing=()
 for package in "${packages[@]}"; do
@@ -21,4 +22,3 @@ echo "node-packages: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-# The package's own containerd service is not the node's: each real node runs its own.

@@ -34,6 +34,8 @@ class Installed:
     node: RealNode
     images: dict[str, BuiltImage]
     kubeconfig: Path
+    operator_namespace: str = "gpushare-system"
+    plugin_namespace: str = "gpushare-device-plugin"  # the kustomize install's; Helm's: one
 
     def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         assert self.cluster.plane is not None
@@ -54,8 +56,8 @@ class Installed:
 
     def rolled_out(self) -> None:
         for namespace, workload in (
-            ("gpushare-system", "deployment/gpushare-operator"),
-            ("gpushare-device-plugin", "daemonset/gpushare-device-plugin"),
+            (self.operator_namespace, "deployment/gpushare-operator"),
+            (self.plugin_namespace, "daemonset/gpushare-device-plugin"),
         ):
             done = self.kubectl(
                 "-n", namespace, "rollout", "status", workload, "--timeout=240s", check=False
@@ -81,7 +83,7 @@ class Installed:
             self.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout,
             self.kubectl("get", "events", "-A", check=False).stdout[-6000:],
         ]
-        for namespace in ("gpushare-system", "gpushare-device-plugin"):
+        for namespace in sorted({self.operator_namespace, self.plugin_namespace}):
             logs = self.kubectl(
                 "-n", namespace, "logs", "--all-containers", "--prefix", "--tail=30",
                 "-l", "app.kubernetes.io/part-of=gpushare", check=False,
@@ -118,8 +120,14 @@ class Installed:
         return {key: env[key] for key in keys if key in env}
 
 
-def installed_by(directory: Path, install: Callable[[Installed], None]) -> Iterator[Installed]:
-    """A real cluster with one real node and gpushare installed by `install`; removed after."""
+def installed_by(
+    directory: Path,
+    install: Callable[[Installed], None],
+    *,
+    namespaces: tuple[str, str] = ("gpushare-system", "gpushare-device-plugin"),
+) -> Iterator[Installed]:
+    """A real cluster with one real node and gpushare installed by `install`, its operator
+    and its device plugin in `namespaces`; removed after."""
     try:
         check_prerequisites()
     except RealNodeError as error:
@@ -134,7 +142,7 @@ def installed_by(directory: Path, install: Callable[[Installed], None]) -> Itera
         node = cluster.add_node(NODE)
         for image in images.values():
             node.import_image(image.archive)
-        done = Installed(cluster, node, images, cluster.plane.kubeconfig)
+        done = Installed(cluster, node, images, cluster.plane.kubeconfig, *namespaces)
         done.kubectl("label", "node", NODE, "gpushare=true")
         install(done)
         done.rolled_out()

@@ -11,7 +11,6 @@ import asyncio
 import functools
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import cast
 
 from kubernetes_asyncio import client
@@ -21,6 +20,7 @@ from gpushare.kube import ApiError
 from gpushare.model.bodies import Body, path, text
 from gpushare.model.defrag import Move
 from gpushare_cli.errors import CliError
+from gpushare_cli.kubeconfig import Source, connect
 from gpushare_cli.read import list_all
 
 REPLACEMENT_TIMEOUT_S = 180.0
@@ -35,15 +35,14 @@ def controller_of(pod: Body) -> str | None:
 
 
 async def apply_moves(
-    kubeconfig: Path | None,
-    context: str | None,
+    source: Source,
     moves: Sequence[Move],
     pods: Sequence[Body],
     say: Callable[[str], None],
 ) -> None:
     """Carry out `moves` in order; CliError when one cannot be."""
     owners = {text(path(p, "metadata").get("uid")): controller_of(p) for p in pods}
-    async with await kube.api_client(kubeconfig, context=context) as api:
+    async with await connect(source) as api:
         core = client.CoreV1Api(api)
         for number, move in enumerate(moves, 1):
             owner = owners.get(move.pod.uid)

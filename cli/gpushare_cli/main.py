@@ -1,7 +1,7 @@
 """`gpushare` (also the kubectl plugin `kubectl gpushare`): what the GPUs hold, and why a pod
 waits. One paged LIST of nodes, GPUNodes and pods, then the operator's own cache and decision
-(`gpushare_operator.decision.plan`) answer, so the CLI says what the scheduler would. Only
-`defrag --apply` writes (evictions).
+(`gpushare_operator.scheduling.decision.plan`) answer, so the CLI says what the scheduler
+would. Only `defrag --apply` writes (evictions).
 
     gpushare inspect [NODE] [-d]        cards per node: model, used/total MiB, health (-d: pods)
     gpushare explain POD [-n NS]        where the pod is, or why it waits, card by card
@@ -9,8 +9,12 @@ waits. One paged LIST of nodes, GPUNodes and pods, then the operator's own cache
     gpushare defrag [--apply]           the fewest pods to move so that the waiting pods fit;
                                         --apply moves them, one eviction at a time
 
-`-o json` prints machine-readable output. Exit status: 0 done, 1 the cluster or the pod could
-not be read (or, `defrag --apply`, a move could not be made), 2 bad arguments or a bad file;
+`-o json` or `-o yaml` prints machine-readable output (the same document), `-o wide` more
+columns (inspect: a row per card with its UUID; explain: every card). The kubeconfig is
+kubectl's: --kubeconfig, else $KUBECONFIG, else ~/.kube/config, else the pod's service account.
+With rights in one namespace only, what is not visible is said on stderr ("note:") and taken
+from the GPUNodes where it can be. Exit status: 0 done, 1 the cluster or the pod could not be
+read (or, `defrag --apply`, a move could not be made), 2 bad arguments or a bad file;
 `simulate` also 3 when the pod would wait (it does not fit now, but would on the cluster's
 nodes if other pods went) and 4 when it fits no node even with no other pod (waiting will not
 help); `defrag` 3 when some waiting pods no plan places.
@@ -20,20 +24,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import platform
 import sys
 from argparse import SUPPRESS
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from gpushare.model import GpuShareError
 from gpushare.model.admission import admit
+from gpushare.model.bodies import path, text
 from gpushare_cli.act import apply_moves
 from gpushare_cli.errors import CliError
-from gpushare_cli.read import Cluster, context_namespace, load_pod, read_cluster
+from gpushare_cli.kubeconfig import Source, context_namespace, find
+from gpushare_cli.read import Cluster, load_pod, read_cluster
 from gpushare_cli.render import (
+    DOCUMENTS,
     defrag_json,
+    document,
     explain_json,
     inspect_json,
     render_defrag,
@@ -42,6 +51,23 @@ from gpushare_cli.render import (
 )
 from gpushare_cli.report import State, defrag, explain, find_pod, inspect
 
+DISTRIBUTION = "kube-gpushare"
+OUTPUTS = ("table", "wide", "json", "yaml")
+
+
+def version_line() -> str:
+    """`gpushare --version`: the installed distribution's version, and Python's."""
+    try:
+        installed = version(DISTRIBUTION)
+    except PackageNotFoundError:
+        installed = "unknown (not installed)"
+    return f"gpushare {installed} ({DISTRIBUTION}, Python {platform.python_version()})"
+
+
+def program_name(argv0: str) -> str:
+    """How the user ran it: `kubectl gpushare` runs the kubectl-gpushare executable."""
+    return "kubectl gpushare" if Path(argv0).name.startswith("kubectl-gpushare") else "gpushare"
+
 
 def parser() -> argparse.ArgumentParser:
     # The global flags are accepted before or after the subcommand, as kubectl's are: each
@@ -49,7 +75,10 @@ def parser() -> argparse.ArgumentParser:
     # not overwritten by the subparser's default (`_option` reads them).
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
-        "--kubeconfig", type=Path, default=SUPPRESS, help="default: $KUBECONFIG, in-cluster"
+        "--kubeconfig",
+        type=Path,
+        default=SUPPRESS,
+        help="default: $KUBECONFIG, else ~/.kube/config, else the pod's service account",
     )
     common.add_argument(
         "--context", default=SUPPRESS, help="the kubeconfig context (default: its current one)"
@@ -70,14 +99,25 @@ def parser() -> argparse.ArgumentParser:
         "pods (its default)",
     )
     common.add_argument(
-        "-o", "--output", choices=("table", "json"), default=SUPPRESS, help="default: table"
+        "-o",
+        "--output",
+        choices=OUTPUTS,
+        default=SUPPRESS,
+        help="default: table; wide: more columns; json and yaml: the same document",
+    )
+    common.add_argument(
+        "--operator-namespace",
+        default=SUPPRESS,
+        help="where the operator's Lease is (default: $GPUSHARE_LEASE_NAMESPACE, else "
+        "found: the Lease by name, else the admission webhook's namespace)",
     )
     parse = argparse.ArgumentParser(
-        prog="gpushare",
+        prog=program_name(sys.argv[0]),
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[common],
     )
+    parse.add_argument("--version", action="version", version=version_line())
     commands = parse.add_subparsers(dest="command", required=True)
     inspect_cmd = commands.add_parser(
         "inspect",
@@ -135,46 +175,59 @@ SIMULATE_STATUS = {State.UNPLACEABLE: 3, State.NEVER: 4}
 
 async def _run(args: argparse.Namespace) -> tuple[str, int]:
     """What to print, and the exit status."""
-    as_json = _option(args, "output", "table") == "json"
-    kubeconfig, context = _option(args, "kubeconfig"), _option(args, "context")
+    output = _option(args, "output", "table")
+    source = find(_option(args, "kubeconfig"), _option(args, "context"))
     every = bool(_option(args, "all_namespaces", False))
-    namespace = _option(args, "namespace") or context_namespace(kubeconfig, context)
+    namespace = _option(args, "namespace") or context_namespace(source)
     if args.command == "simulate":
         pod = load_pod(args.filename, namespace)  # a bad file fails before any cluster call
-    cluster = await read_cluster(kubeconfig, context)
+    cluster = await read_cluster(source, namespace, _option(args, "operator_namespace"))
+    for line in cluster.unseen:
+        print(f"note: {line}", file=sys.stderr)
     if args.command == "defrag":
-        return await _defrag(args, cluster, as_json)
+        return await _defrag(args, source, cluster, output)
     if args.command == "inspect":
         only = None if every or _option(args, "namespace") is None else namespace
         nodes = inspect(cluster, args.node, namespace=only)
-        if as_json:
-            return json.dumps(inspect_json(nodes), indent=2), 0
-        return render_inspect(nodes, args.details), 0
+        if output in DOCUMENTS:
+            return document(inspect_json(nodes), output), 0
+        return render_inspect(nodes, args.details, wide=output == "wide"), 0
     status = 0
     if args.command == "explain":
         report = explain(cluster, find_pod(cluster, args.pod, None if every else namespace))
     else:
         report = explain(cluster, as_admitted(pod, cluster), simulated=True)
         status = SIMULATE_STATUS.get(report.outcome.state, 0)
-    shown = json.dumps(explain_json(report), indent=2) if as_json else render_explain(report)
-    return shown, status
+    if output in DOCUMENTS:
+        return document(explain_json(report), output), status
+    return render_explain(report, wide=output == "wide"), status
 
 
-async def _defrag(args: argparse.Namespace, cluster: Cluster, as_json: bool) -> tuple[str, int]:
+async def _defrag(
+    args: argparse.Namespace, source: Source, cluster: Cluster, output: str
+) -> tuple[str, int]:
     plan = defrag(cluster)
     status = 3 if plan.waiting else 0
-    shown = json.dumps(defrag_json(plan), indent=2) if as_json else render_defrag(plan)
+    if output in DOCUMENTS:
+        shown = document(defrag_json(plan), output)
+    else:
+        shown = render_defrag(plan, owners=controllers(cluster) if output == "wide" else None)
     if not args.apply or not plan.moves:
         return shown, status
     print(shown, flush=True)
-    await apply_moves(
-        _option(args, "kubeconfig"),
-        _option(args, "context"),
-        plan.moves,
-        cluster.pods,
-        lambda line: print(line, flush=True),
-    )
+    await apply_moves(source, plan.moves, cluster.pods, lambda line: print(line, flush=True))
     return f"done: {len(plan.moves)} move(s); the scheduler places the waiting pods", status
+
+
+def controllers(cluster: Cluster) -> dict[str, str]:
+    """Each pod's controller as `Kind/name`, by the pod's uid (pods with one only)."""
+    found = {}
+    for pod in cluster.pods:
+        meta = path(pod, "metadata")
+        for owner in meta.get("ownerReferences") or ():
+            if isinstance(owner, dict) and owner.get("controller") is True:
+                found[text(meta.get("uid")) or ""] = f"{owner.get('kind')}/{owner.get('name')}"
+    return found
 
 
 def as_admitted(pod: dict[str, Any], cluster: Cluster) -> dict[str, Any]:

@@ -1,15 +1,15 @@
 """What the CLI reports, built from the model: the cards of each GPU node (`inspect`), and
 where a pod is, or would go now, and why not (`explain`, `simulate`).
 
-The answers come from the operator's own cache and decision (`gpushare_operator.decision.plan`)
-fed with what `read` listed, so the CLI says what the scheduler would. Reports are typed;
-`render` writes them as text or JSON.
+The answers come from the operator's own cache and decision
+(`gpushare_operator.scheduling.decision.plan`) fed with what `read` listed, so the CLI says
+what the scheduler would. Reports are typed; `render` writes them as text, JSON or YAML.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, TypeAlias
 
@@ -31,12 +31,13 @@ from gpushare.model import (
 )
 from gpushare.model.bodies import Body, annotations_of, path, text
 from gpushare.model.defrag import DefragPlan
-from gpushare.model.filters import pod_needs
+from gpushare.model.filters import PodNeeds, pod_needs
 from gpushare.model.gangs import GroupSpec, group_of
 from gpushare.model.measured import MeasuredUsage, measured_of
-from gpushare.model.preemption import Preemption
+from gpushare.model.preemption import NodeCheckWithout, Preemption
 from gpushare.model.usage import CardUsage
 from gpushare_cli.errors import CliError
+from gpushare_cli.partial import is_stand_in, stands_for
 from gpushare_cli.read import Cluster
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.scheduling.cache import SchedulerCache
@@ -46,9 +47,26 @@ from gpushare_operator.scheduling.gangs import GangBook, decide_gang
 from gpushare_operator.scheduling.podinfo import Demand, PodInfo
 from gpushare_operator.scheduling.preemption import Room, make_room
 
+BLIND = (
+    "neither nodes nor GPUNodes are visible to you, so the cards cannot be known; ask for "
+    "read access to gpunodes.gpushare.io (cluster-wide)"
+)
+
+
+class _UncheckedNodes(SchedulerCache):
+    """The cache of a user who may not read Nodes: the stand-ins made from the GPUNodes
+    (`partial.stand_in_nodes`) pass every node filter, since nothing is known to check."""
+
+    def node_check(self, needs: PodNeeds) -> NodeCheck:
+        return lambda node: None
+
+    def node_check_without(self, needs: PodNeeds) -> NodeCheckWithout:
+        return lambda node, gone: None
+
 
 def build_cache(cluster: Cluster) -> SchedulerCache:
-    cache = SchedulerCache(config=lambda: cluster.config)
+    kind = SchedulerCache if cluster.nodes_checked else _UncheckedNodes
+    cache = kind(config=lambda: cluster.config)
     for node in cluster.nodes:
         cache.observe_node(node)
     for resource in cluster.gpunodes:
@@ -85,6 +103,15 @@ class CardReport:
     """The pods holding the card, by namespace and name."""
     measured_mib: int | None = None
     """What the processes on the card hold, measured (None: the plugin has not measured)."""
+    others_mib: int = 0
+    """Held by pods this user may not see (other namespaces'), as the GPUNode's status
+    counts it."""
+    others: tuple[str, ...] = ()
+    """Those pods, `namespace/name`, as the GPUNode's status lists them."""
+
+    @property
+    def pod_count(self) -> int:
+        return len(self.pods) + len(self.others)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -108,6 +135,8 @@ def inspect(cluster: Cluster, node: str | None, *, namespace: str | None) -> lis
     """Every GPU node by name, or only `node`; CliError when it is unknown or has no GPU.
     The cards' pods listed: those of `namespace`, or of every namespace (None); the memory
     counts every pod."""
+    if not cluster.sees_cards:
+        raise CliError(BLIND)
     ledger = build_cache(cluster).ledger
     measured = {
         text(path(resource, "metadata").get("name")) or "": measured_of(resource)
@@ -122,13 +151,19 @@ def inspect(cluster: Cluster, node: str | None, *, namespace: str | None) -> lis
             problem = ledger.nodes_without_gpu()[wanted]
             raise CliError(f"node {node} has no GPU" + (f": {problem}" if problem else ""))
         names = [wanted]
+    stand_ins = _stand_ins(cluster)
     return [
-        _node_report(ledger, ledger.nodes()[name], namespace, measured.get(name)) for name in names
+        _node_report(ledger, ledger.nodes()[name], namespace, measured.get(name), stand_ins)
+        for name in names
     ]
 
 
 def _node_report(
-    ledger: Ledger, usage: NodeUsage, namespace: str | None, measured: MeasuredUsage | None
+    ledger: Ledger,
+    usage: NodeUsage,
+    namespace: str | None,
+    measured: MeasuredUsage | None,
+    stand_ins: Mapping[PodUid, Body],
 ) -> NodeReport:
     unit = usage.inventory.unit_mib
 
@@ -140,33 +175,49 @@ def _node_report(
             return sum(u.used_mib for u in uses) + measured.unmapped_mib.get(index, 0)
         return sum(u.used_mib for u in uses if u.pod.uid == pod.uid)
 
+    def card(index: CardIndex, held: CardUsage) -> CardReport:
+        others = [stand_ins[uid] for uid in held.pods if uid in stand_ins]
+        return CardReport(
+            index=index,
+            model=held.card.model or "",
+            uuid=held.card.uuid or "",
+            healthy=held.card.healthy,
+            used_mib=held.allocated * unit,
+            total_mib=held.card.memory * unit,
+            pods=tuple(
+                sorted(
+                    (
+                        _on_card(ledger, uid, pod, held, unit, used_by(index, pod))
+                        for uid, pod in held.pods.items()
+                        if uid not in stand_ins and namespace in (None, pod.namespace)
+                    ),
+                    key=lambda p: (p.namespace, p.name),
+                )
+            ),
+            measured_mib=used_by(index, None),
+            others_mib=sum(
+                _on_card(ledger, uid, pod, held, unit, None).mib
+                for uid, pod in held.pods.items()
+                if uid in stand_ins
+            ),
+            others=tuple(name for body in others for name in stands_for(body)),
+        )
+
     return NodeReport(
         node=usage.inventory.node,
         source=usage.inventory.source,
         unit_mib=unit,
-        cards=tuple(
-            CardReport(
-                index=index,
-                model=held.card.model or "",
-                uuid=held.card.uuid or "",
-                healthy=held.card.healthy,
-                used_mib=held.allocated * unit,
-                total_mib=held.card.memory * unit,
-                pods=tuple(
-                    sorted(
-                        (
-                            _on_card(ledger, uid, pod, held, unit, used_by(index, pod))
-                            for uid, pod in held.pods.items()
-                            if namespace in (None, pod.namespace)
-                        ),
-                        key=lambda p: (p.namespace, p.name),
-                    )
-                ),
-                measured_mib=used_by(index, None),
-            )
-            for index, held in sorted(usage.cards.items())
-        ),
+        cards=tuple(card(index, held) for index, held in sorted(usage.cards.items())),
     )
+
+
+def _stand_ins(cluster: Cluster) -> dict[PodUid, Body]:
+    """The stand-in pods (`partial`) by uid."""
+    return {
+        PodUid(text(path(pod, "metadata").get("uid")) or ""): pod
+        for pod in cluster.pods
+        if is_stand_in(pod)
+    }
 
 
 def _on_card(  # noqa: PLR0917 - one private helper
@@ -259,6 +310,11 @@ class Explanation:
     group: str | None = None
     """The gang the pod belongs to, and its members now (its PodGroup's verdict is the
     pod's)."""
+    leader_known: bool = True
+    """The operator's Lease could be read: `leader` None means no operator leads."""
+    node_reports: Mapping[str, NodeReport] = field(default_factory=dict)
+    """The cards of the nodes the outcome names (its node, or every node it does not fit),
+    as `inspect` reports them: `-o wide` shows them."""
 
 
 def find_pod(cluster: Cluster, name: str, namespace: str | None) -> Body:
@@ -267,7 +323,8 @@ def find_pod(cluster: Cluster, name: str, namespace: str | None) -> Body:
     found = [
         pod
         for pod in cluster.pods
-        if (meta := path(pod, "metadata")).get("name") == name
+        if not is_stand_in(pod)
+        and (meta := path(pod, "metadata")).get("name") == name
         and namespace in (None, meta.get("namespace"))
     ]
     if len(found) == 1:
@@ -293,7 +350,20 @@ def explain(cluster: Cluster, pod: Body, *, simulated: bool = False) -> Explanat
             assigned=info.assigned,
             phase=text(path(pod, "status").get("phase")),
         )
-        return Explanation(pod=name, scheduler_name=scheduler, outcome=bound, group=group)
+        return Explanation(
+            pod=name,
+            scheduler_name=scheduler,
+            outcome=bound,
+            group=group,
+            node_reports=_reports(cluster, cache, [info.node]),
+        )
+    if not cluster.sees_cards:
+        said = (_pod_scheduled(pod) or {}).get("message") if not simulated else None
+        raise CliError(
+            f"pod {name} is not bound"
+            + (f" (the scheduler says: {said})" if said else "")
+            + f"; where it could go cannot be worked out: {BLIND}"
+        )
     config = cluster.config
     note = None
     if scheduler not in config.scheduler_names:
@@ -332,6 +402,7 @@ def explain(cluster: Cluster, pod: Body, *, simulated: bool = False) -> Explanat
             never=isinstance(on_empty, Refusal),
             preemption=preemption,
         )
+    named = [outcome.node] if isinstance(outcome, Placeable) else [v.node for v in outcome.nodes]
     return Explanation(
         pod=name,
         scheduler_name=scheduler,
@@ -340,7 +411,26 @@ def explain(cluster: Cluster, pod: Body, *, simulated: bool = False) -> Explanat
         pod_scheduled=condition,
         leader=cluster.leader,
         group=group,
+        leader_known=cluster.lease_readable,
+        node_reports=_reports(cluster, cache, named),
     )
+
+
+def _reports(
+    cluster: Cluster, cache: SchedulerCache, names: Sequence[str]
+) -> dict[str, NodeReport]:
+    """The GPU nodes among `names`, as `inspect` reports them (every namespace's pods)."""
+    usages = cache.ledger.nodes()
+    measured = {
+        text(path(resource, "metadata").get("name")) or "": measured_of(resource)
+        for resource in cluster.gpunodes
+    }
+    stand_ins = _stand_ins(cluster)
+    return {
+        name: _node_report(cache.ledger, usage, None, measured.get(name), stand_ins)
+        for name in names
+        if (usage := usages.get(NodeName(name))) is not None
+    }
 
 
 def _gang_of(cluster: Cluster, cache: SchedulerCache, pod: PodInfo) -> tuple[GangBook, str | None]:
@@ -382,6 +472,8 @@ def _all_gangs(cluster: Cluster) -> GangBook:
 def defrag(cluster: Cluster) -> DefragPlan:
     """The fewest moves after which the pods waiting now fit, as the operator plans them;
     each moved pod's replacement must pass that pod's own node filters where it lands."""
+    if not cluster.sees_cards:
+        raise CliError(BLIND)
     cache = build_cache(cluster)
     needs = {
         PodUid(text(path(body, "metadata").get("uid")) or ""): pod_needs(body)

@@ -27,7 +27,7 @@ from gpushare.model.allocation import (
     unplaced_pods,
 )
 from gpushare.model.bound import bound_pod
-from gpushare.model.device_list import DeviceListStrategy, VisibleDevices
+from gpushare.model.device_list import DeviceListing
 from gpushare.model.limits import LimitSettings
 from gpushare.model.request import GpuKind
 from gpushare.model.usage import PodUid
@@ -57,8 +57,7 @@ class Allocator:
         pods: PodCache,
         api: PluginApi,
         metrics: PluginMetrics,
-        visible: VisibleDevices,
-        strategy: DeviceListStrategy,
+        listing: DeviceListing,
         limits: LimitSettings | None,
         wait_s: float,
         schedulers: frozenset[str],
@@ -67,8 +66,7 @@ class Allocator:
         self._pods = pods
         self._api = api
         self._metrics = metrics
-        self._visible = visible
-        self._strategy = strategy
+        self._listing = listing
         self._limits = limits
         self.granted: dict[tuple[PodUid, str], ContainerGrant] = {}
         """What this plugin gave each container it served: its own record of the grants."""
@@ -89,9 +87,8 @@ class Allocator:
                 kind=kind,
                 count=count,
                 inventory=inventory,
-                visible=self._visible,
+                listing=self._listing,
                 schedulers=self._schedulers,
-                strategy=self._strategy,
                 limits=self._limits,
                 reopened=frozenset(self._pods.reopened),
             )

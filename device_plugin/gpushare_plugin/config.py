@@ -14,7 +14,13 @@ from pathlib import Path
 
 from gpushare import options
 from gpushare.model import contract
-from gpushare.model.device_list import DeviceListStrategy, VisibleDevices
+from gpushare.model.device_list import (
+    DEFAULT_CDI_KIND,
+    DeviceListing,
+    DeviceListStrategy,
+    VisibleDevices,
+    cdi_kind,
+)
 from gpushare.model.limits import DEFAULT_CONTEXT_MIB, LimitSettings
 from gpushare.options import Option
 from gpushare_plugin.health import HealthPolicy
@@ -37,6 +43,7 @@ class PluginConfig:
     """MiB per gpu-memory device; None for `auto` (the smallest that fits the kubelet)."""
     visible_devices: VisibleDevices = VisibleDevices.INDEX
     device_list_strategy: DeviceListStrategy = DeviceListStrategy.ENVVAR
+    cdi_kind: str = DEFAULT_CDI_KIND
     fake_gpus: str | None = None
     metrics_port: int = 9402
     health: HealthPolicy = field(default_factory=HealthPolicy)
@@ -60,6 +67,12 @@ class PluginConfig:
         if not self.framework_limits:
             return None
         return LimitSettings(context_mib=self.cuda_context_mib, mps=self.mps)
+
+    @property
+    def listing(self) -> DeviceListing:
+        return DeviceListing(
+            strategy=self.device_list_strategy, visible=self.visible_devices, cdi_kind=self.cdi_kind
+        )
 
 
 def _node_name(raw: str) -> str:
@@ -143,7 +156,8 @@ OPTIONS = (
         env="GPUSHARE_VISIBLE_DEVICES",
         flag="--visible-devices",
         parse=options.one_of(VisibleDevices),
-        help=f"how NVIDIA_VISIBLE_DEVICES names the cards: {' or '.join(VisibleDevices)}",
+        help="how NVIDIA_VISIBLE_DEVICES and CDI device names name the cards: "
+        f"{' or '.join(VisibleDevices)}",
     ),
     Option(
         field="device_list_strategy",
@@ -152,6 +166,13 @@ OPTIONS = (
         parse=options.one_of(DeviceListStrategy),
         help="how the container runtime is told the cards, as NVIDIA's plugin names it: "
         f"{' or '.join(DeviceListStrategy)} (docs/reference.md)",
+    ),
+    Option(
+        field="cdi_kind",
+        env="GPUSHARE_CDI_KIND",
+        flag="--cdi-kind",
+        parse=cdi_kind,
+        help="the CDI kind of the cards' devices in the node's CDI spec (cdi-annotations, cdi-cri)",
     ),
     Option(
         field="fake_gpus",

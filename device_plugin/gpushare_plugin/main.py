@@ -81,7 +81,7 @@ async def run(config: PluginConfig, stop: asyncio.Event) -> int:
             unit_mib=table.unit_mib,
             chosen="auto" if config.gpu_memory_factor is None else "flag",
         )
-        metrics = PluginMetrics()
+        metrics = PluginMetrics(node=config.node_name)
         metrics.serve(config.metrics_port)
         async with await api_client(config.kubeconfig) as client:
             api = PluginApi(client)
@@ -101,8 +101,7 @@ async def run(config: PluginConfig, stop: asyncio.Event) -> int:
                 pods=pods,
                 api=api,
                 metrics=metrics,
-                visible=config.visible_devices,
-                strategy=config.device_list_strategy,
+                listing=config.listing,
                 limits=config.limits,
                 wait_s=config.allocate_wait_s,
                 schedulers=config.scheduler_names,
@@ -119,7 +118,7 @@ async def run(config: PluginConfig, stop: asyncio.Event) -> int:
                 api=api,
                 metrics=metrics,
                 proc_root=config.proc_root,
-                visible=config.visible_devices,
+                listing=config.listing,
                 refresh_s=config.heartbeat_s,
             )
             health = CardHealth(policy=config.health, uuids=tuple(c.uuid for c in cards))

@@ -120,6 +120,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                         )
                         for m in grant.mounts
                     ],
+                    annotations=grant.annotations,
+                    cdi_devices=[api_pb2.CDIDevice(name=name) for name in grant.cdi_devices],
                 )
                 for grant in grants
             ]

@@ -27,7 +27,7 @@ from gpushare.kube.clock import rfc3339
 from gpushare.model import contract
 from gpushare.model.allocation import ContainerGrant, NoCandidate, container_grant
 from gpushare.model.bound import BoundPod
-from gpushare.model.device_list import VisibleDevices
+from gpushare.model.device_list import DeviceListing
 from gpushare.model.measured import (
     CgroupPlace,
     Grant,
@@ -76,7 +76,7 @@ class UsageMeter:
         api: PluginApi,
         metrics: PluginMetrics,
         proc_root: Path,
-        visible: VisibleDevices,
+        listing: DeviceListing,
         refresh_s: float,
     ) -> None:
         self._discovery = discovery
@@ -86,7 +86,7 @@ class UsageMeter:
         self._api = api
         self._metrics = metrics
         self._proc_root = proc_root
-        self._visible = visible
+        self._listing = listing
         self._refresh_s = refresh_s
         self._published: tuple[str, float] | None = None  # what was written, and when
         self._problems: list[str] = []
@@ -129,7 +129,7 @@ class UsageMeter:
                 continue
             for position in range(len(pod.request.containers)):
                 try:
-                    grant = container_grant(pod, position, inventory, visible=self._visible)
+                    grant = container_grant(pod, position, inventory, listing=self._listing)
                 except NoCandidate:
                     break  # its annotations cannot say: its use is shown as over
                 grants.setdefault((pod.ref.uid, grant.container), grant_of(grant))

@@ -1,13 +1,15 @@
 """The binaries the harness runs, built from the Go module proxy and cached outside the
 repository: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy and the
-kubelet (for real nodes), kubectl, kubelet-devices, pause and Helm.
+kubelet (for real nodes), kubectl, kubelet-devices, pause, Helm, and containerd with its runc
+shim and ctr (for real nodes: Debian bookworm's containerd 1.6 has no CDI).
 
 The wrapper module in harness/go pins k8s.io/kubernetes and every staging module, and etcd's
 server; it also holds kubelet-devices (harness/go/kubeletdevices), the kubelet's own device
 manager acting for one fake node, and pause (harness/go/pause), the real node's sandbox
-image. Helm (for the chart's tests) is built in harness/go/helm, a module of its own. A build
-is keyed by the hash of both modules' go.mod and go.sum and our Go sources, so changing a pin
-or the harness rebuilds and nothing else does. Cache: $GPUSHARE_CACHE, else ~/.cache/gpushare.
+image. Helm (for the chart's tests) is built in harness/go/helm and containerd in
+harness/go/containerd, modules of their own. A build is keyed by the hash of every module's
+go.mod and go.sum and our Go sources, so changing a pin or the harness rebuilds and nothing
+else does. Cache: $GPUSHARE_CACHE, else ~/.cache/gpushare.
 """
 
 from __future__ import annotations
@@ -40,9 +42,18 @@ _PACKAGES = {
     "kubelet_devices": "./kubeletdevices",
     "pause": "./pause",
     "helm": "helm.sh/helm/v4/cmd/helm",
+    "containerd": "github.com/containerd/containerd/v2/cmd/containerd",
+    "containerd_shim_runc_v2": "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2",
+    "ctr": "github.com/containerd/containerd/v2/cmd/ctr",
 }
-# Built in a module of their own (Helm's Kubernetes libraries must not move the cluster's).
-_OWN_MODULES = {"helm": GO_MODULE / "helm"}
+# Built in modules of their own (their Kubernetes libraries must not move the cluster's).
+_CONTAINERD = GO_MODULE / "containerd"
+_OWN_MODULES = {
+    "helm": GO_MODULE / "helm",
+    "containerd": _CONTAINERD,
+    "containerd_shim_runc_v2": _CONTAINERD,
+    "ctr": _CONTAINERD,
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +68,9 @@ class Binaries:
     kubelet_devices: Path
     pause: Path
     helm: Path
+    containerd: Path
+    containerd_shim_runc_v2: Path
+    ctr: Path
 
     def paths(self) -> dict[str, Path]:
         return {field: getattr(self, field) for field in _PACKAGES}
@@ -80,7 +94,7 @@ def kubernetes_version() -> str:
 
 def expected_binaries() -> Binaries:
     digest = hashlib.sha256()
-    modules = [GO_MODULE, *_OWN_MODULES.values()]
+    modules = [GO_MODULE, *dict.fromkeys(_OWN_MODULES.values())]
     sources = [module / name for module in modules for name in ("go.mod", "go.sum")]
     sources += sorted(GO_MODULE.rglob("*.go"))
     for source in sources:

@@ -7,6 +7,10 @@
     gpushare-dev images [--base OCI]   build (or find) the operator and device-plugin
                                        images from docker/*.Dockerfile (buildah, no engine):
                                        OCI archives to import into a node's containerd
+    gpushare-dev release [--out dist] [--registry R] [--download-url U]
+                                       the versioned artifacts in dist/<version>/: images
+                                       (OCI archives, digests), chart, CLI wheel, kubectl
+                                       plugin and krew manifest, SBOMs, SHA256SUMS
     gpushare-dev up [--dir D]          start etcd + kube-apiserver, install the CRDs,
                                        print the kubeconfig to use (kopf run, kubectl)
     gpushare-dev status [--dir D]      is it running, and where
@@ -43,6 +47,7 @@ from gpushare_harness.kubelet import KubeletUnavailable
 from gpushare_harness.network import ClusterNetwork
 from gpushare_harness.nodes import FakeGpuNode, create_gpu_node
 from gpushare_harness.realnode import RealCluster, RealNodeError
+from gpushare_harness.release import DEFAULT_REGISTRY, ReleaseError, make_release
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,6 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     images.add_argument(
         "--base", type=Path, help="an OCI archive of the base image (default: Debian's, made here)"
     )
+    release = commands.add_parser("release", help="write the versioned release artifacts")
+    release.add_argument("--out", type=Path, default=Path("dist"))
+    release.add_argument(
+        "--registry", default=DEFAULT_REGISTRY, help="where the images will be pushed"
+    )
+    release.add_argument(
+        "--download-url", help="where the kubectl plugin's archive will be published (krew)"
+    )
     for name in ("demo", "up", "status", "env", "down"):
         command = commands.add_parser(name)
         command.add_argument("--dir", type=Path, default=cache_dir() / "cluster")
@@ -71,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     run: dict[str, Callable[[], int]] = {
         "build": _build,
         "images": lambda: _images(args.base),
+        "release": lambda: _release(args.out, args.registry, args.download_url),
         "demo": lambda: _demo(args.dir),
         "up": lambda: _up(args.dir),
         "status": lambda: _status(args.dir),
@@ -91,10 +105,18 @@ def main(argv: list[str] | None = None) -> int:
         client.ApiException,
         KubeletUnavailable,
         RealNodeError,
+        ReleaseError,
         RuntimeError,
     ) as error:
         print(f"gpushare-dev {args.command}: {error}", file=sys.stderr)
         return 1
+
+
+def _release(out: Path, registry: str, download_url: str | None) -> int:
+    folder = make_release(out, registry=registry, download_url=download_url)
+    for path in sorted(folder.iterdir()):
+        print(f"  {path.name}")
+    return 0
 
 
 def _images(base: Path | None) -> int:

@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -163,19 +163,49 @@ def _read_built(folder: Path) -> dict[str, BuiltImage] | None:
     }
 
 
-def unpacked_size(archive: Path) -> int:
-    """The size of an OCI archive's layers, uncompressed."""
-    total = 0
+def manifest_digest(archive: Path) -> str:
+    """The digest of an OCI archive's image manifest (what a registry names it by)."""
+    with tarfile.open(archive) as oci:
+        return str(json.load(_member(oci, "index.json"))["manifests"][0]["digest"])
+
+
+@contextlib.contextmanager
+def _layers(archive: Path) -> Iterator[Iterator[IO[bytes] | gzip.GzipFile]]:
+    """The archive's layers in order, each as an uncompressed stream."""
     with tarfile.open(archive) as oci:
         index = json.load(_member(oci, "index.json"))
         manifest = json.load(_blob(oci, index["manifests"][0]["digest"]))
-        for layer in manifest["layers"]:
-            blob = _blob(oci, layer["digest"])
-            gzipped = layer["mediaType"].endswith("gzip")
-            stream: IO[bytes] | gzip.GzipFile = gzip.GzipFile(fileobj=blob) if gzipped else blob
+
+        def streams() -> Iterator[IO[bytes] | gzip.GzipFile]:
+            for layer in manifest["layers"]:
+                blob = _blob(oci, layer["digest"])
+                gzipped = layer["mediaType"].endswith("gzip")
+                yield gzip.GzipFile(fileobj=blob) if gzipped else blob
+
+        yield streams()
+
+
+def unpacked_size(archive: Path) -> int:
+    """The size of an OCI archive's layers, uncompressed."""
+    total = 0
+    with _layers(archive) as layers:
+        for stream in layers:
             while chunk := stream.read(1 << 20):
                 total += len(chunk)
     return total
+
+
+def layer_files(archive: Path, wanted: Callable[[str], bool]) -> Iterator[tuple[str, bytes]]:
+    """The regular files of the image's layers whose path `wanted` takes, with their content
+    (a file a later layer writes again comes again)."""
+    with _layers(archive) as layers:
+        for stream in layers:
+            with tarfile.open(fileobj=stream, mode="r|") as layer:
+                for member in layer:
+                    if member.isfile() and wanted(member.name):
+                        content = layer.extractfile(member)
+                        if content is not None:
+                            yield member.name, content.read()
 
 
 def _member(oci: tarfile.TarFile, name: str) -> IO[bytes]:

@@ -26,8 +26,14 @@ def containerd_state(directory: Path) -> Path:
     return directory / "containerd" / "state"
 
 
+def cdi_spec_dir(directory: Path) -> Path:
+    """Where the node's containerd reads CDI specs (the fake cards' devices, say)."""
+    return directory / "cdi"
+
+
 def containerd_config(directory: Path, *, sandbox_image: str) -> str:
-    """containerd.toml: the node's own socket, root and state; pods bridge-networked by CNI."""
+    """containerd.toml (version 2, which containerd 2 takes as it is): the node's own socket,
+    root and state; pods bridge-networked by CNI; CDI devices from the node's spec folder."""
     containerd = directory / "containerd"
     cri = '[plugins."io.containerd.grpc.v1.cri"'
     return "\n".join(
@@ -49,6 +55,10 @@ def containerd_config(directory: Path, *, sandbox_image: str) -> str:
             f'  path = "{containerd / "opt"}"',
             f"{cri}]",
             f'  sandbox_image = "{sandbox_image}"',
+            # CDI devices (the device plugin's cdi-cri and cdi-annotations strategies) from
+            # the node's own spec folder.
+            "  enable_cdi = true",
+            f'  cdi_spec_dirs = ["{cdi_spec_dir(directory)}"]',
             # runc may not lower its own OOM score without CAP_SYS_RESOURCE here.
             "  restrict_oom_score_adj = true",
             f"{cri}.containerd]",
@@ -225,3 +235,23 @@ def write_node_files(
     }
     for path, text in files.items():
         path.write_text(text)
+
+
+FAKE_CDI_CARD = "GPUSHARE_FAKE_CDI_CARD"
+"""What a fake card's CDI device sets in the container: its index (no device node to give)."""
+
+
+def fake_cdi_spec(cards: int, *, kind: str = "nvidia.com/gpu") -> str:
+    """A CDI spec of `cards` fake cards, named by index as `nvidia-ctk cdi generate` names
+    real ones: each sets FAKE_CDI_CARD, so a container shows which one the runtime applied."""
+    return json.dumps(
+        {
+            "cdiVersion": "0.6.0",
+            "kind": kind,
+            "devices": [
+                {"name": str(index), "containerEdits": {"env": [f"{FAKE_CDI_CARD}={index}"]}}
+                for index in range(cards)
+            ],
+        },
+        indent=2,
+    )

@@ -65,8 +65,6 @@ from gpushare_harness.process import LoggedProcess
 
 _TUNABLES = {"vm/overcommit_memory": "1", "kernel/panic": "10", "kernel/panic_on_oops": "1"}
 _PACKAGES = {
-    "containerd": "containerd",
-    "ctr": "containerd",
     "runc": "runc",
     "unshare": "util-linux",
     "nsenter": "util-linux",
@@ -292,7 +290,14 @@ class RealNode:
     def ctr(self, *args: str) -> str:
         """`ctr` against this node's containerd (namespace k8s.io)."""
         result = subprocess.run(
-            ["ctr", "--address", str(self.containerd_socket), "-n", "k8s.io", *args],
+            [
+                str(self.binaries.ctr),
+                "--address",
+                str(self.containerd_socket),
+                "-n",
+                "k8s.io",
+                *args,
+            ],
             capture_output=True,
             text=True,
             check=False,
@@ -308,7 +313,16 @@ class RealNode:
         return ["nsenter", "-t", str(self._holder.pid), "-m", "-n", "--"]
 
     def _start_holder(self) -> None:
-        folders = ("kubelet/device-plugins", "run", "log", "sysfs", "sysctl", "cni", "containerd")
+        folders = (
+            "kubelet/device-plugins",
+            "run",
+            "log",
+            "sysfs",
+            "sysctl",
+            "cni",
+            "cdi",
+            "containerd",
+        )
         for folder in folders:
             (self.directory / folder).mkdir(parents=True, exist_ok=True)
         for tunable, value in _TUNABLES.items():
@@ -362,8 +376,11 @@ class RealNode:
         )
 
     def _start_containerd(self) -> None:
-        argv = [*self._enter(), "containerd", "--config", str(self.directory / "containerd.toml")]
-        self._containerd._spawn(argv, dict(os.environ))
+        config = str(self.directory / "containerd.toml")
+        argv = [*self._enter(), str(self.binaries.containerd), "--config", config]
+        # Its shim is found on PATH: the one built beside it, not a packaged older one.
+        shims = f"{self.binaries.containerd_shim_runc_v2.parent}:{os.environ.get('PATH', '')}"
+        self._containerd._spawn(argv, {**os.environ, "PATH": shims})
         self._record()
         deadline = time.monotonic() + 30
         while True:

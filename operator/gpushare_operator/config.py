@@ -72,6 +72,7 @@ class OperatorConfig:
     webhook_hosts: frozenset[str] = frozenset({"gpushare-webhook.gpushare-system.svc"})
     webhook_secret: str = "gpushare-webhook-tls"  # noqa: S105 - a Secret's name
     webhook_configuration: str = "gpushare"
+    webhook_cert_dir: str = ""  # empty: the operator makes its own CA (webhook_secret)
 
     def admission(self) -> AdmissionSettings:
         return AdmissionSettings(
@@ -423,6 +424,15 @@ OPTIONS = (
         flag="--webhook-configuration",
         parse=_text,
         help="MutatingWebhookConfiguration whose caBundle the operator keeps current",
+    ),
+    Option(
+        field="webhook_cert_dir",
+        env="GPUSHARE_WEBHOOK_CERT_DIR",
+        flag="--webhook-cert-dir",
+        parse=str.strip,
+        help="folder holding the webhook's tls.crt and tls.key from another issuer (a mounted "
+        "cert-manager Secret), read again when they change; the operator then makes no CA, "
+        "no Secret and leaves the caBundle to that issuer. Empty: it makes its own",
     ),
 )
 

@@ -22,6 +22,7 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -34,7 +35,9 @@ from gpushare_operator.config import OperatorConfig, load
 from gpushare_operator.kubeapi import KubeSchedulerApi
 from gpushare_operator.runtime import Runtime
 from gpushare_operator.webhook import (
+    CertificateMissing,
     keep_ca_bundle,
+    mounted_serving_files,
     shared_certificate,
     write_serving_files,
 )
@@ -77,14 +80,20 @@ async def startup(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> No
     memo["gpushare_api_client"] = api_client
     settings.admission.managed = None
     if config.webhook_port:
-        files = write_serving_files(await shared_certificate(api, config))
+        if config.webhook_cert_dir:  # another issuer's (cert-manager): it keeps the caBundle
+            try:
+                files = mounted_serving_files(Path(config.webhook_cert_dir))
+            except CertificateMissing as error:
+                raise kopf.PermanentError(str(error)) from None
+        else:
+            files = write_serving_files(await shared_certificate(api, config))
+            state.spawn(keep_ca_bundle(api, state.current_config, files.ca_pem), "webhook caBundle")
         settings.admission.server = kopf.WebhookServer(
             addr=config.webhook_address,
             port=config.webhook_port,
             certfile=str(files.certfile),
             pkeyfile=str(files.keyfile),
         )
-        state.spawn(keep_ca_bundle(api, state.current_config, files.ca_pem), "webhook caBundle")
     else:
         settings.admission.server = NoWebhook()
     state.start()

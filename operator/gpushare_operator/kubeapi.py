@@ -62,6 +62,12 @@ class SchedulerApi(Protocol):
         """Create an Event; its name."""
         ...
 
+    async def post_node_event(
+        self, node: str, *, event_type: str, reason: str, message: str
+    ) -> None:
+        """Create an Event on the Node (`kubectl describe node` shows it)."""
+        ...
+
     async def repeat_event(self, namespace: str, name: str, *, message: str, count: int) -> None:
         """The Event `name` seen again: its message, count and lastTimestamp (ApiError 404
         once it has expired)."""
@@ -201,6 +207,24 @@ class KubeSchedulerApi:
             return protobuf.field(created, 1, 1)  # metadata.name
         except ValueError:  # created, but its name unreadable: a later repeat posts anew
             return ""
+
+    async def post_node_event(
+        self, node: str, *, event_type: str, reason: str, message: str
+    ) -> None:
+        body = protobuf.event(
+            namespace="",
+            name=node,
+            uid=node,  # as the kubelet's, which `kubectl describe node` looks up by
+            event_type=event_type,
+            reason=reason,
+            message=message,
+            component=COMPONENT,
+            instance=self._identity,
+            at_s=int(time.time()),
+            kind="Node",
+        )
+        path = f"/api/v1/namespaces/{protobuf.EVENTS_OF_CLUSTER_OBJECTS}/events"
+        await post_protobuf(self._api, path, body, timeout_s=self._timeout)
 
     async def repeat_event(self, namespace: str, name: str, *, message: str, count: int) -> None:
         change = {"message": message, "count": count, "lastTimestamp": rfc3339()}

@@ -25,7 +25,14 @@ from gpushare.model import NodeName, contract
 from gpushare.model.bodies import path
 from gpushare.model.gangs import group_status
 from gpushare.model.measured import measured_of
-from gpushare.model.status import Heartbeat, gpunode_conditions, gpunode_status
+from gpushare.model.status import (
+    DOUBLE_ADVERTISED,
+    Heartbeat,
+    double_advertised,
+    gpunode_conditions,
+    gpunode_status,
+    nvidia_resources,
+)
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.kubeapi import SchedulerApi
 from gpushare_operator.metrics import MIB, SchedulerMetrics
@@ -92,6 +99,13 @@ class StatusWriter:
             status = gpunode_status(usage, measured_of(resource))
             annotations = path(resource, "metadata").get("annotations") or {}
             now = self._clock()
+            # What the resource shows keeps its transition times across leaders.
+            previous = (
+                self._written.get(name, {}).get("conditions")
+                or path(resource, "status").get("conditions")
+                or []
+            )
+            double = double_advertised(name, nvidia_resources(self._cache.node(name) or {}))
             status["conditions"] = gpunode_conditions(
                 Heartbeat(
                     last=parse_time(annotations.get(contract.PLUGIN_HEARTBEAT)),
@@ -99,11 +113,9 @@ class StatusWriter:
                     stale_after_s=self._config().plugin_stale_after_s,
                 ),
                 status["healthyCards"],
-                # What the resource shows keeps its transition times across leaders.
-                self._written.get(name, {}).get("conditions")
-                or path(resource, "status").get("conditions")
-                or [],
+                previous,
                 rfc3339(now),
+                double,
             )
             unit_bytes = usage.inventory.unit_mib * MIB
             for index, card in usage.cards.items():
@@ -119,6 +131,17 @@ class StatusWriter:
                 self._log.warning("status_write_failed", node=name, error=repr(error))
                 continue
             self._written[name] = status
+            if double[0] == "True" and _status_of(previous, DOUBLE_ADVERTISED) != "True":
+                await self._warn_node(name, double[2])
+
+    async def _warn_node(self, name: NodeName, message: str) -> None:
+        """One Warning on the Node (`kubectl describe node`) when it turns double-advertised."""
+        try:
+            await self._api.post_node_event(
+                name, event_type="Warning", reason=DOUBLE_ADVERTISED, message=message
+            )
+        except (ApiError, OSError, TimeoutError) as error:
+            self._log.warning("node_event_failed", node=name, error=repr(error))
 
     async def _paced(self) -> None:
         """Wait for this write's turn at `status_write_rate` writes a second."""
@@ -126,3 +149,7 @@ class StatusWriter:
         if self._next_write_at > now:
             await asyncio.sleep(self._next_write_at - now)
         self._next_write_at = max(now, self._next_write_at) + 1 / self._config().status_write_rate
+
+
+def _status_of(conditions: Any, kind: str) -> str | None:
+    return next((str(c.get("status")) for c in conditions if c.get("type") == kind), None)

@@ -7,6 +7,11 @@ Service picks answers with a certificate the apiserver trusts. Every replica kee
 configuration's caBundle equal to that CA, checked again every minute (a `kubectl apply` or a
 chart upgrade may reset it). A Secret made for other names is replaced.
 
+With `webhook_cert_dir` set, another issuer (cert-manager, through a mounted Secret) owns
+the certificate: `mounted_serving_files` hands its files to the server as they are (kopf's
+server reads them again when they change, so a renewal needs no restart), and that issuer
+(cert-manager's cainjector) keeps the caBundle: no Secret is made and nothing is patched.
+
 The webhook itself is the model's `admit` with the live configuration, served by kopf
 (`handlers.gpu_pod_admission`).
 """
@@ -101,6 +106,28 @@ def write_serving_files(bundle: dict[str, bytes]) -> ServingFiles:
     keyfile.touch(mode=0o600)
     keyfile.write_bytes(bundle[KEY_KEY])
     return ServingFiles(certfile=certfile, keyfile=keyfile, ca_pem=bundle[CA_KEY])
+
+
+class CertificateMissing(Exception):
+    """The mounted certificate folder lacks a file; the message names it and the fix."""
+
+
+def mounted_serving_files(directory: Path) -> ServingFiles:
+    """The certificate and key another issuer keeps in `directory` (a Secret of type
+    kubernetes.io/tls mounted there), served where they are; `ca_pem` is its ca.crt, empty
+    when the Secret has none (the issuer's CA is in the caBundle either way)."""
+    certfile, keyfile = directory / CERT_KEY, directory / KEY_KEY
+    missing = [path.name for path in (certfile, keyfile) if not path.is_file()]
+    if missing:
+        raise CertificateMissing(
+            f"the webhook's certificate folder {directory} has no {' or '.join(missing)}: "
+            "mount the issuer's Secret there (cert-manager writes tls.crt and tls.key), or "
+            "unset GPUSHARE_WEBHOOK_CERT_DIR to let the operator make its own"
+        )
+    ca = directory / CA_KEY
+    return ServingFiles(
+        certfile=certfile, keyfile=keyfile, ca_pem=ca.read_bytes() if ca.is_file() else b""
+    )
 
 
 async def keep_ca_bundle(

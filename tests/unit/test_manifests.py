@@ -112,3 +112,79 @@ def test_every_crd_is_in_the_gpushare_category() -> None:
     for path in sorted((MANIFESTS / "base" / "crds").glob("*.yaml")):
         (crd,) = documents(path)
         assert "gpushare" in crd["spec"]["names"].get("categories", []), path.name
+
+
+AGGREGATES = {
+    f"rbac.authorization.k8s.io/aggregate-to-{role}": "true" for role in ("view", "edit", "admin")
+}
+USERS = MANIFESTS / "base" / "rbac" / "users.yaml"
+
+
+def test_every_crd_is_readable_through_the_aggregated_view_role() -> None:
+    shipped = {
+        documents(path)[0]["spec"]["names"]["plural"]
+        for path in (MANIFESTS / "base" / "crds").glob("*.yaml")
+    }
+    (view,) = [
+        d
+        for d in documents(USERS)
+        if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "gpushare-view"
+    ]
+    assert AGGREGATES.items() <= view["metadata"]["labels"].items()
+    assert view["rules"] == [
+        {
+            "apiGroups": ["gpushare.io"],
+            "resources": sorted(shipped),
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+
+
+def test_every_authenticated_user_may_read_and_nothing_more() -> None:
+    """GPUNodes are cluster-scoped: `view` bound in one namespace reaches none, so the read
+    role is bound to every authenticated user, and it and the Lease's role only read."""
+    everyone = {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Group",
+        "name": "system:authenticated",
+    }
+    roles = {d["metadata"]["name"]: d for d in documents(USERS) if d["kind"].endswith("Role")}
+    bindings = [d for d in documents(USERS) if d["kind"].endswith("Binding")]
+    assert {(b["kind"], b["roleRef"]["name"]) for b in bindings} == {
+        ("ClusterRoleBinding", "gpushare-view"),
+        ("RoleBinding", "gpushare-lease-view"),
+    }
+    for binding in bindings:
+        assert binding["subjects"] == [everyone]
+        for rule in roles[binding["roleRef"]["name"]]["rules"]:
+            assert set(rule["verbs"]) <= {"get", "list", "watch"}, rule
+    (lease,) = roles["gpushare-lease-view"]["rules"]
+    assert lease["resourceNames"] == ["gpushare-scheduler"]
+    assert roles["gpushare-lease-view"]["metadata"]["namespace"] == "gpushare-system"
+
+
+def test_writing_the_live_configuration_is_a_role_no_one_gets_by_default() -> None:
+    (editor,) = [d for d in documents(USERS) if d["metadata"]["name"] == "gpushare-config-editor"]
+    assert not AGGREGATES.keys() & editor["metadata"].get("labels", {}).keys()
+    assert [rule["resources"] for rule in editor["rules"]] == [["gpushareconfigs"]]
+    bound = {
+        doc["roleRef"]["name"]
+        for path in MANIFESTS.rglob("*.yaml")
+        for doc in documents(path)
+        if doc.get("kind", "").endswith("Binding") and "roleRef" in doc
+    }
+    assert "gpushare-config-editor" not in bound
+
+
+def test_the_device_plugins_namespace_is_exempt_from_the_gpu_env_policy_by_name() -> None:
+    (binding,) = [
+        d
+        for d in documents(MANIFESTS / "base" / "admission" / "gpu-env.yaml")
+        if d["kind"] == "ValidatingAdmissionPolicyBinding"
+    ]
+    expressions = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+    assert {
+        "key": "kubernetes.io/metadata.name",
+        "operator": "NotIn",
+        "values": ["gpushare-device-plugin"],
+    } in expressions

@@ -25,12 +25,12 @@ def test_a_missing_runtime_package_is_named_with_the_command_that_installs_it(
     monkeypatch.setattr(
         shutil,
         "which",
-        lambda tool: None if tool in ("containerd", "runc") else present(tool),
+        lambda tool: None if tool in ("runc", "nsenter") else present(tool),
     )
     with pytest.raises(realnode.RealNodeError) as refused:
         realnode.check_prerequisites()
     message = str(refused.value)
-    assert "containerd" in message
+    assert "util-linux" in message
     assert "runc" in message
     assert "make node-packages" in message
 

@@ -8,3 +8,33 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "gpushare.image" -}}
 {{ .image.repository }}:{{ .image.tag | default .appVersion }}
 {{- end }}
+
+{{/* The operator, its webhook, Lease and Secret live in the release's namespace. */}}
+{{- define "gpushare.operatorNamespace" -}}
+{{ .Release.Namespace }}
+{{- end }}
+
+{{/* The device plugin's namespace: the release's, or devicePlugin.namespace (which must
+exist: the chart creates no namespace). It must admit privileged pods (the hostPath). */}}
+{{- define "gpushare.pluginNamespace" -}}
+{{ .Values.devicePlugin.namespace | default .Release.Namespace }}
+{{- end }}
+
+{{/* A pod template's metadata: the selector labels, then the admin's labels and annotations. */}}
+{{- define "gpushare.podMetadata" -}}
+labels:
+  app.kubernetes.io/name: {{ .name }}
+  app.kubernetes.io/part-of: gpushare
+  {{- with .values.podLabels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with .values.podAnnotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret cert-manager keeps the webhook's serving certificate in. */}}
+{{- define "gpushare.webhookCertSecret" -}}
+gpushare-webhook-cert
+{{- end }}

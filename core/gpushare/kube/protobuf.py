@@ -66,6 +66,10 @@ def binding(
     return _envelope("Binding", _bytes(1, metadata) + _bytes(2, target))
 
 
+EVENTS_OF_CLUSTER_OBJECTS = "default"
+"""Where Events about cluster-scoped objects (nodes) are kept, as the kubelet keeps its."""
+
+
 def event(
     *,
     namespace: str,
@@ -77,14 +81,16 @@ def event(
     component: str,
     instance: str,
     at_s: int,
+    kind: str = "Pod",
 ) -> bytes:
-    """A core/v1 Event about the pod `namespace/name` (`uid`), first and last seen at `at_s`
-    (Unix seconds), named by the apiserver from the pod's name."""
-    metadata = _text(2, f"{name}.") + _text(3, namespace)
+    """A core/v1 Event about the `kind` (core API group) `namespace/name` (`uid`; namespace ""
+    for a cluster-scoped object), first and last seen at `at_s` (Unix seconds), named by the
+    apiserver from the object's name."""
+    metadata = _text(2, f"{name}.") + _text(3, namespace or EVENTS_OF_CLUSTER_OBJECTS)
     stamp = _integer(1, at_s)
     body = (
         _bytes(1, metadata)
-        + _bytes(2, _reference(kind="Pod", namespace=namespace, name=name, uid=uid))
+        + _bytes(2, _reference(kind=kind, namespace=namespace, name=name, uid=uid))
         + _text(3, reason)
         + _text(4, message)
         + _bytes(5, _text(1, component))

@@ -14,7 +14,7 @@ annotation naming a card the node lacks fails the call: no card is ever guessed.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpushare.model import contract
 from gpushare.model.admission import units_for
@@ -23,11 +23,10 @@ from gpushare.model.annotations import (
 )
 from gpushare.model.bound import BoundPod, kubelet_order
 from gpushare.model.device_list import (
-    DeviceListStrategy,
+    ENVVAR_BY_INDEX,
+    DeviceListing,
     Mount,
-    VisibleDevices,
-    container_env,
-    device_mounts,
+    tell,
 )
 from gpushare.model.devices import card_of_memory_device
 from gpushare.model.errors import GpuShareError
@@ -68,6 +67,10 @@ class ContainerGrant:
     cards: tuple[Card, ...]
     env: dict[str, str]
     mounts: tuple[Mount, ...] = ()
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    """CRI annotations for the container (`cdi-annotations`: its CDI devices)."""
+    cdi_devices: tuple[str, ...] = ()
+    """Fully qualified CDI device names (`cdi-cri`)."""
     problem: str | None = None
     """What in the pod's annotations was not followed, to log."""
     kept: tuple[str, ...] = ()
@@ -83,9 +86,8 @@ def match_container(
     kind: GpuKind,
     count: int,
     inventory: NodeInventory,
-    visible: VisibleDevices = VisibleDevices.INDEX,
+    listing: DeviceListing = ENVVAR_BY_INDEX,
     schedulers: frozenset[str] = frozenset({contract.DEFAULT_SCHEDULER_NAME}),
-    strategy: DeviceListStrategy = DeviceListStrategy.ENVVAR,
     limits: LimitSettings | None = None,
     reopened: frozenset[PodUid] = frozenset(),
 ) -> ContainerGrant:
@@ -134,9 +136,7 @@ def match_container(
             _refuse_if_ambiguous(
                 pod, pods, node=inventory.node, kind=kind, count=count, schedulers=schedulers
             )
-        return container_grant(
-            pod, position, inventory, visible=visible, strategy=strategy, limits=limits
-        )
+        return container_grant(pod, position, inventory, listing=listing, limits=limits)
     raise _no_candidate(
         pods, waiting, kind=kind, count=count, inventory=inventory, schedulers=schedulers
     )
@@ -147,13 +147,12 @@ def container_grant(
     position: int,
     inventory: NodeInventory,
     *,
-    visible: VisibleDevices = VisibleDevices.INDEX,
-    strategy: DeviceListStrategy = DeviceListStrategy.ENVVAR,
+    listing: DeviceListing = ENVVAR_BY_INDEX,
     limits: LimitSettings | None = None,
 ) -> ContainerGrant:
-    """What the pod's GPU container at `position` (kubelet order) is given: its card(s), env
-    and mounts; NoCandidate when its annotations cannot be honoured. Allocate serves it; the
-    usage measurement, after a restart, rebuilds from it what was served."""
+    """What the pod's GPU container at `position` (kubelet order) is given: its card(s), env,
+    mounts and CDI devices; NoCandidate when its annotations cannot be honoured. Allocate
+    serves it; the usage measurement, after a restart, rebuilds from it what was served."""
     if pod.request is None or pod.request.kind is None:
         raise NoCandidate(f"pod {pod.ref} asks for no GPU")
     kind = pod.request.kind
@@ -164,7 +163,7 @@ def container_grant(
     allocated_mib, problem = (
         _allocated_mib(pod, container, inventory) if kind is GpuKind.MEMORY else (0, None)
     )
-    env = container_env(kind, allocated_mib, chosen, visible, strategy)
+    told = tell(kind, allocated_mib, chosen, listing)
     given = NONE
     if limits is not None and kind is GpuKind.MEMORY and pod.framework_limits:
         own = pod.env_names.get(container.name, frozenset())
@@ -177,11 +176,13 @@ def container_grant(
         position=position,
         last=position + 1 == len(order),
         cards=chosen,
-        env={**env, **given.env},
-        mounts=device_mounts(chosen, visible, strategy),
+        env={**told.env, **given.env},
+        mounts=told.mounts,
+        annotations=told.annotations,
+        cdi_devices=told.cdi_devices,
         problem=problem,
         kept=given.kept,
-        allocated_mib=int(env[contract.ENV_GPU_ALLOCATED]),
+        allocated_mib=int(told.env[contract.ENV_GPU_ALLOCATED]),
     )
 
 

@@ -1,5 +1,6 @@
-"""The status a GPUNode resource shows: what is allocated on each card, and to whom, and
-whether its device plugin is alive (conditions)."""
+"""The status a GPUNode resource shows: what is allocated on each card, and to whom, whether
+its device plugin is alive, and whether another device plugin hands out the same cards
+(conditions)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpushare.model.bodies import Body, path
 from gpushare.model.measured import MeasuredUsage
 from gpushare.model.usage import NodeUsage
 
@@ -21,16 +23,48 @@ class Heartbeat:
     stale_after_s: float
 
 
+DOUBLE_ADVERTISED = "DoubleAdvertised"
+_NVIDIA_PREFIX = "nvidia.com/"
+
+
+def nvidia_resources(node: Body) -> dict[str, str]:
+    """What the node advertises of NVIDIA's device plugin (`nvidia.com/gpu`, its MIG and
+    shared variants), nonzero: those cards are handed out by it as well as by gpushare."""
+    allocatable = path(node, "status").get("allocatable") or {}
+    return {
+        str(name): str(value)
+        for name, value in sorted(allocatable.items())
+        if str(name).startswith(_NVIDIA_PREFIX) and str(value) not in ("0", "")
+    }
+
+
+def double_advertised(node_name: str, nvidia: Mapping[str, str]) -> tuple[str, str, str]:
+    """The DoubleAdvertised condition's status, reason and message."""
+    if not nvidia:
+        return ("False", "GpushareOnly", "no other device plugin advertises this node's cards")
+    listed = ", ".join(f"{name}: {value}" for name, value in nvidia.items())
+    return (
+        "True",
+        "NvidiaDevicePluginActive",
+        f"node {node_name} also advertises {listed}: NVIDIA's device plugin hands out the "
+        "cards gpushare shares, so a card can be given twice. Turn it off on gpushare's nodes "
+        "(GPU Operator: label the node nvidia.com/gpu.deploy.device-plugin=false, or install "
+        "it with devicePlugin.enabled=false; otherwise keep the nvidia-device-plugin "
+        "DaemonSet off nodes labelled gpushare=true)",
+    )
+
+
 def gpunode_conditions(
     heartbeat: Heartbeat,
     healthy_cards: int,
     previous: Sequence[Mapping[str, Any]],
     stamp: str,
+    double: tuple[str, str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """`Ready` (the plugin is alive and a card is healthy) and `Stale` (the plugin's
-    heartbeat stopped), as Kubernetes conditions: `lastTransitionTime` moves (to `stamp`)
-    only when a condition's status changes. Messages never carry ages, so an unchanged state
-    writes nothing."""
+    """`Ready` (the plugin is alive and a card is healthy), `Stale` (the plugin's heartbeat
+    stopped) and, when given, `DoubleAdvertised` (`double_advertised`), as Kubernetes
+    conditions: `lastTransitionTime` moves (to `stamp`) only when a condition's status
+    changes. Messages never carry ages, so an unchanged state writes nothing."""
     if heartbeat.last is None:
         stale = ("Unknown", "NoHeartbeat", "the device plugin writes no heartbeat (too old?)")
     elif heartbeat.now - heartbeat.last > heartbeat.stale_after_s:
@@ -50,7 +84,9 @@ def gpunode_conditions(
         ready = ("True", "PluginReady", f"{healthy_cards} healthy card(s) served")
     before = {str(c.get("type")): c for c in previous}
     conditions = []
-    for kind, (status, reason, message) in (("Ready", ready), ("Stale", stale)):
+    shown = [("Ready", ready), ("Stale", stale)]
+    shown += [(DOUBLE_ADVERTISED, double)] if double is not None else []
+    for kind, (status, reason, message) in shown:
         old = before.get(kind)
         since = stamp
         if old is not None and old.get("status") == status:

@@ -207,6 +207,10 @@ class SchedulerCache:
         """The node's GPUNode resource as last seen."""
         return self._gpunodes.get(name)
 
+    def node(self, name: NodeName) -> Body | None:
+        """The node as last seen (slim)."""
+        return self._node_bodies.get(name)
+
     # -- pods ----------------------------------------------------------------------------
 
     def is_ours(self, pod: PodInfo) -> bool:

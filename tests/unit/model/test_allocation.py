@@ -15,7 +15,7 @@ from gpushare.model.allocation import (
     swapped_with,
 )
 from gpushare.model.bound import BoundPod, bound_pod
-from gpushare.model.device_list import DeviceListStrategy, VisibleDevices
+from gpushare.model.device_list import DeviceListing, DeviceListStrategy, VisibleDevices
 from gpushare.model.inventory import NodeInventory, NodeName, inventory_from_spec
 from gpushare.model.request import GpuKind
 from gpushare.model.usage import PodUid
@@ -98,7 +98,7 @@ def test_uuids_can_name_the_card() -> None:
         kind=MEMORY,
         count=1,
         inventory=inventory([100]),
-        visible=VisibleDevices.UUID,
+        listing=DeviceListing(visible=VisibleDevices.UUID),
     )
     assert grant.env[contract.ENV_VISIBLE_DEVICES] == "GPU-n-0"
 
@@ -344,7 +344,7 @@ def test_volume_mounts_name_the_cards_in_mounts_a_pod_cannot_set() -> None:
         kind=NUMBER,
         count=2,
         inventory=inventory([10] * 3),
-        strategy=DeviceListStrategy.VOLUME_MOUNTS,
+        listing=DeviceListing(strategy=DeviceListStrategy.VOLUME_MOUNTS),
     )
     assert grant.env[contract.ENV_VISIBLE_DEVICES] == "/var/run/nvidia-container-devices"
     assert [(m.container_path, m.host_path) for m in grant.mounts] == [
@@ -360,6 +360,42 @@ def test_volume_mounts_name_the_cards_in_mounts_a_pod_cannot_set() -> None:
     )
     assert envvar.env[contract.ENV_VISIBLE_DEVICES] == "1,2"
     assert envvar.mounts == ()
+
+
+def test_cdi_annotations_name_the_cards_as_cdi_devices_and_no_variable_gives_one() -> None:
+    grant = match_container(
+        [placed("p", number=2, index="1,2")],
+        {},
+        kind=NUMBER,
+        count=2,
+        inventory=inventory([10] * 3),
+        listing=DeviceListing(strategy=DeviceListStrategy.CDI_ANNOTATIONS),
+    )
+    assert grant.annotations == {
+        "cdi.k8s.io/gpushare_gpu-number": "nvidia.com/gpu=1,nvidia.com/gpu=2"
+    }
+    assert grant.cdi_devices == ()
+    assert grant.env[contract.ENV_VISIBLE_DEVICES] == "void"
+    assert grant.env[contract.ENV_GPU_ALLOCATED] == "20"
+    assert grant.mounts == ()
+
+
+def test_cdi_cri_names_the_cards_by_uuid_under_the_configured_kind() -> None:
+    grant = match_container(
+        [placed("p", 10)],
+        {},
+        kind=MEMORY,
+        count=10,
+        inventory=inventory([100]),
+        listing=DeviceListing(
+            strategy=DeviceListStrategy.CDI_CRI,
+            visible=VisibleDevices.UUID,
+            cdi_kind="example.com/card",
+        ),
+    )
+    assert grant.cdi_devices == ("example.com/card=GPU-n-0",)
+    assert grant.annotations == {}
+    assert grant.env[contract.ENV_VISIBLE_DEVICES] == "void"
 
 
 def test_an_admitted_pod_is_never_the_one_an_allocate_is_for() -> None:

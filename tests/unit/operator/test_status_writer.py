@@ -21,13 +21,19 @@ CONFIG = OperatorConfig(scheduler_names=frozenset({"volcano"}), status_write_rat
 
 
 class RecordingApi:
-    """The one call the status writer makes, recorded with the time it was made."""
+    """The calls the status writer makes, recorded (writes with the time they were made)."""
 
     def __init__(self) -> None:
         self.writes: list[tuple[str, float, Mapping[str, Any]]] = []
+        self.node_events: list[tuple[str, str, str, str]] = []
 
     async def patch_gpunode_status(self, name: str, status: Mapping[str, Any]) -> None:
         self.writes.append((name, time.monotonic(), status))
+
+    async def post_node_event(
+        self, node: str, *, event_type: str, reason: str, message: str
+    ) -> None:
+        self.node_events.append((node, event_type, reason, message))
 
 
 def cluster(nodes: int) -> SchedulerCache:
@@ -42,16 +48,20 @@ def cluster(nodes: int) -> SchedulerCache:
     return cache
 
 
-@pytest.mark.asyncio
-async def test_statuses_are_written_at_the_configured_pace_and_only_when_they_change() -> None:
-    cache, api = cluster(4), RecordingApi()
-    writer = StatusWriter(
+def writer_of(cache: SchedulerCache, api: RecordingApi) -> StatusWriter:
+    return StatusWriter(
         cache=cache,
         gangs=GangBook(),
         api=api,  # type: ignore[arg-type]
         metrics=SchedulerMetrics(),
         config=lambda: CONFIG,
     )
+
+
+@pytest.mark.asyncio
+async def test_statuses_are_written_at_the_configured_pace_and_only_when_they_change() -> None:
+    cache, api = cluster(4), RecordingApi()
+    writer = writer_of(cache, api)
     await writer.write_changed()
     assert [name for name, _, _ in api.writes] == ["n0", "n1", "n2", "n3"]
     times = [at for _, at, _ in api.writes]
@@ -66,3 +76,30 @@ async def test_statuses_are_written_at_the_configured_pace_and_only_when_they_ch
     name, _, status = api.writes[-1]
     assert (len(api.writes), name) == (5, "n2")
     assert status["cards"][1]["pods"] == ["default/a"]
+
+
+@pytest.mark.asyncio
+async def test_a_node_that_nvidias_plugin_also_advertises_is_flagged_once_with_the_fix() -> None:
+    cache, api = cluster(2), RecordingApi()
+    writer = writer_of(cache, api)
+    await writer.write_changed()
+    flags = {
+        n: c for n, _, s in api.writes for c in s["conditions"] if c["type"] == "DoubleAdvertised"
+    }
+    assert {n: c["status"] for n, c in flags.items()} == {"n0": "False", "n1": "False"}
+    assert api.node_events == []
+
+    node = capacity_node("n1", 22356, 2)
+    node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    node["status"]["allocatable"] = {**node["status"]["capacity"], "nvidia.com/gpu": "2"}
+    cache.observe_node(node)
+    await writer.write_changed()
+    await writer.write_changed()  # still so: no second Event
+    name, _, status = api.writes[-1]
+    flag = next(c for c in status["conditions"] if c["type"] == "DoubleAdvertised")
+    assert (name, flag["status"], flag["reason"]) == ("n1", "True", "NvidiaDevicePluginActive")
+    assert "nvidia.com/gpu: 2" in flag["message"]
+    assert [(n, kind, reason) for n, kind, reason, _ in api.node_events] == [
+        ("n1", "Warning", "DoubleAdvertised")
+    ]
+    assert "nvidia.com/gpu.deploy.device-plugin=false" in api.node_events[0][3]

@@ -1,5 +1,5 @@
 """The admission webhook's certificate: one Secret shared by every replica, made for the names
-the apiserver calls it by."""
+the apiserver calls it by; or another issuer's (cert-manager's), mounted."""
 
 from __future__ import annotations
 
@@ -7,15 +7,24 @@ import asyncio
 import base64
 import ipaddress
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
 from cryptography import x509
 
 from gpushare.kube import ApiError
-from gpushare_operator.config import OperatorConfig
+from gpushare_operator.config import OperatorConfig, load
 from gpushare_operator.kubeapi import KubeSchedulerApi
-from gpushare_operator.webhook import CA_KEY, CERT_KEY, issue, shared_certificate
+from gpushare_operator.webhook import (
+    CA_KEY,
+    CERT_KEY,
+    KEY_KEY,
+    CertificateMissing,
+    issue,
+    mounted_serving_files,
+    shared_certificate,
+)
 
 
 def test_the_serving_certificate_names_each_host_and_is_signed_by_the_ca() -> None:
@@ -86,3 +95,28 @@ def test_a_secret_made_for_other_names_is_replaced(hosts: frozenset[str]) -> Non
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert names.get_values_for_type(x509.DNSName) == ["gpushare-webhook.other.svc"]
     assert store.deletes == 1
+
+
+def test_a_mounted_certificate_is_served_where_it_lies_with_its_ca(tmp_path: Path) -> None:
+    bundle = issue({"gpushare-webhook.gpushare-system.svc"})
+    for key, value in bundle.items():
+        (tmp_path / key).write_bytes(value)
+    config = load({}, {"GPUSHARE_WEBHOOK_CERT_DIR": str(tmp_path)})
+    files = mounted_serving_files(Path(config.webhook_cert_dir))
+    assert (files.certfile, files.keyfile) == (tmp_path / CERT_KEY, tmp_path / KEY_KEY)
+    assert files.ca_pem == bundle[CA_KEY]
+    (tmp_path / CA_KEY).unlink()  # an issuer that writes no ca.crt: still served
+    assert mounted_serving_files(tmp_path).ca_pem == b""
+
+
+def test_a_mounted_certificate_folder_without_the_key_names_the_file_and_the_fix(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / CERT_KEY).write_bytes(issue({"h"})[CERT_KEY])
+    with pytest.raises(CertificateMissing, match=r"has no tls\.key: mount the issuer's Secret"):
+        mounted_serving_files(tmp_path)
+
+
+def test_without_a_certificate_folder_the_operator_makes_its_own() -> None:
+    assert OperatorConfig().webhook_cert_dir == ""
+    assert load({}, {"GPUSHARE_WEBHOOK_CERT_DIR": " "}).webhook_cert_dir == ""

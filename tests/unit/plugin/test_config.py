@@ -44,6 +44,7 @@ def test_every_problem_is_reported_at_once() -> None:
         "GPUSHARE_METRICS_PORT": "http",
         "DP_DISABLE_HEALTHCHECKS": "sometimes",
         "GPUSHARE_SOCKET_DIR": "/" + "d" * 100,
+        "GPUSHARE_CDI_KIND": "gpu",
     }
     with pytest.raises(ConfigError) as refused:
         load({}, env)
@@ -55,6 +56,7 @@ def test_every_problem_is_reported_at_once() -> None:
         "GPUSHARE_METRICS_PORT='http'",
         "'sometimes'",
         "too long",
+        "'gpu' is not a CDI device kind: write vendor/class",
     ):
         assert part in message
 

@@ -14,7 +14,7 @@ from builders import gpu_pod
 
 from gpushare.model import contract
 from gpushare.model.bound import bound_pod
-from gpushare.model.device_list import VisibleDevices
+from gpushare.model.device_list import DeviceListing
 from gpushare.model.measured import MeasuredUsage
 from gpushare_plugin.devices import DeviceTable
 from gpushare_plugin.discovery.fake import FakeDiscovery
@@ -72,7 +72,7 @@ def meter(tmp_path: Path, processes: list[dict[str, int]]) -> tuple[UsageMeter, 
         api=api,  # type: ignore[arg-type]
         metrics=metrics,
         proc_root=proc,
-        visible=VisibleDevices.INDEX,
+        listing=DeviceListing(),
         refresh_s=30,
     )
     return made, api, metrics

@@ -10,22 +10,37 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
-from cluster import create_pod, gpu_pod, unschedulable
+from cluster import create_pod, eventually, gpu_pod, unschedulable
 from kubernetes_asyncio import client
 
+from gpushare.kube import raw_json
+from gpushare.model import contract
 from gpushare_harness import ControlPlane
 from gpushare_harness.controlplane import free_port
+from gpushare_harness.identities import tenant_kubeconfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+TOO_LITTLE = ["too", "little", "free", "memory", "(<", "20000)"]
 
 
 def gpushare(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gpushare_cli", "--kubeconfig", str(kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
+def kubectl(plane: ControlPlane, kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(plane.binaries.kubectl), "--kubeconfig", str(kubeconfig), *args],
         capture_output=True,
         text=True,
         check=False,
@@ -82,6 +97,13 @@ async def test_inspect_explain_and_simulate_show_what_the_scheduler_sees(
 
     as_plugin = kubectl_gpushare(plane, "inspect", "-o", "json")
     assert json.loads(as_plugin.stdout) == [report], as_plugin.stderr
+    as_yaml = gpushare(plane.kubeconfig, "inspect", "-o", "yaml")
+    assert yaml.safe_load(as_yaml.stdout) == [report], as_yaml.stderr
+    wide_inspect = gpushare(plane.kubeconfig, "inspect", "-o", "wide").stdout.splitlines()
+    assert wide_inspect[1].split()[:5] == ["gpu-node-1", "0", "Fake", "GPU", card0["uuid"]]
+    health, used, measured, count = wide_inspect[1].split()[-4:]
+    assert (health, used, count) == ("Healthy", "1024/11178", "1")
+    assert measured in ("-", "0")  # once the plugin has measured: nothing runs on fake cards
     table = gpushare(plane.kubeconfig, "inspect")
     assert "GPU0(Used/Total)" in table.stdout
     assert "1024/11178" in table.stdout
@@ -95,8 +117,15 @@ async def test_inspect_explain_and_simulate_show_what_the_scheduler_sees(
         "cannot be placed on any node, even with no other pod: 0/1 nodes are available"
         in waiting.stdout
     )
-    assert "card 0 10154 MiB free < 20000 MiB" in waiting.stdout
-    assert "card 1 11178 MiB free < 20000 MiB" in waiting.stdout
+    # What it asks, said once; the node's largest free card once (every card: -o wide).
+    assert "it asks for 20000 MiB on one card" in waiting.stdout
+    assert waiting.stdout.count("20000 MiB") == 1
+    assert "gpu-node-1  no card with enough free GPU memory  most free: card 1, 11178 MiB" in (
+        waiting.stdout
+    )
+    wide = gpushare(plane.kubeconfig, "explain", "too-big", "-o", "wide").stdout.splitlines()
+    assert wide[-2].split()[-11:] == ["0", "Fake", "GPU", "10154", "11178", *TOO_LITTLE]
+    assert wide[-1].split() == ["1", "Fake", "GPU", "11178", "11178", *TOO_LITTLE]
     as_json = json.loads(gpushare(plane.kubeconfig, "explain", "too-big", "-o", "json").stdout)
     assert as_json["state"] == "Never"
     assert as_json["nodes"][0]["cards"][0] == {
@@ -199,3 +228,127 @@ async def test_the_cli_takes_the_kubeconfigs_context_and_its_flags_anywhere(
     assert "note: no gpushare operator leads now" in table.stdout
     helped = gpushare(kubeconfig, "--help")
     assert "Exit status: 0 done" in helped.stdout
+    assert "`gpushare_operator.scheduling.decision.plan`" in helped.stdout
+    assert kubectl_gpushare(plane, "--help").stdout.startswith("usage: kubectl gpushare ")
+    assert gpushare(kubeconfig, "--version").stdout.startswith("gpushare 0.1.0 (kube-gpushare")
+
+
+async def aggregate(api: client.ApiClient, role: str) -> None:
+    """What the controller-manager's clusterrole-aggregation controller does (a bare control
+    plane runs none): `role`'s rules become those of the ClusterRoles its aggregationRule
+    selects, so the built-in `view` and `edit` grant what they grant on a cluster."""
+    rbac = client.RbacAuthorizationV1Api(api)
+    body = await raw_json(rbac.read_cluster_role(role, _preload_content=False))
+    rules: list[dict[str, Any]] = []
+    for selector in body["aggregationRule"]["clusterRoleSelectors"]:
+        labels = ",".join(f"{k}={v}" for k, v in selector["matchLabels"].items())
+        listed = await raw_json(
+            rbac.list_cluster_role(label_selector=labels, _preload_content=False)
+        )
+        rules += [rule for item in listed["items"] for rule in item.get("rules") or ()]
+    await raw_json(
+        rbac.patch_cluster_role(
+            role, cast(client.V1ClusterRole, {"rules": rules}), _preload_content=False
+        )
+    )
+
+
+async def test_a_tenant_with_edit_in_one_namespace_explains_its_own_pods(
+    plane: ControlPlane,
+    api: client.ApiClient,
+    gpu_node: Callable[..., Any],
+    start_operator: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    """A ServiceAccount with the built-in `edit` role in team-a only (no Nodes, no pods of
+    other namespaces) explains its pods: the cards' use comes from the GPUNodes' status (the
+    shipped roles let every user read GPUNodes and the operator's Lease), and stderr says,
+    one line each, what it could not see. Without the GPUNodes, a bound pod is still
+    explained and a waiting one says what is missing."""
+    core = client.CoreV1Api(api)
+    node = await gpu_node("gpu-node-1", "2x11178")
+    start_operator()
+    for namespace in ("team-a", "team-b"):
+        await core.create_namespace(
+            client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace))
+        )
+    await create_pod(core, gpu_pod("other", 6000), namespace="team-b")
+    await asyncio.to_thread(node.kubelet.wait_started, "team-b/other", "cuda-container")
+    # Best-fit: mine goes beside team-b's pod on card 0 (the tighter fit).
+    await create_pod(core, gpu_pod("mine", 1024), namespace="team-a")
+    await asyncio.to_thread(node.kubelet.wait_started, "team-a/mine", "cuda-container")
+    await create_pod(core, gpu_pod("too-big", 20000), namespace="team-a")
+    await unschedulable(core, "too-big", namespace="team-a")
+    custom = client.CustomObjectsApi(api)
+
+    async def counted() -> bool:
+        status = (
+            await custom.get_cluster_custom_object(
+                contract.INVENTORY_GROUP, contract.INVENTORY_VERSION, "gpunodes", "gpu-node-1"
+            )
+        ).get("status") or {}
+        return [c.get("allocatedMiB") for c in status.get("cards") or ()] == [7024, 0]
+
+    await eventually(counted, what="the GPUNode's status counting both pods")
+    for role in ("view", "edit"):  # view's rules are part of edit's
+        await aggregate(api, role)
+    tenant = await tenant_kubeconfig(core, plane.kubeconfig, "team-a", tmp_path / "tenant")
+    assert "forbidden" in kubectl(plane, tenant, "get", "pods", "-A").stderr
+    assert "forbidden" in kubectl(plane, tenant, "get", "nodes").stderr
+
+    seen_from_a = [
+        "note: nodes are not visible to you: the cards are read from the GPUNodes, and the "
+        "nodes' readiness, taints, labels and CPU/memory are not checked",
+        "note: pods of namespaces other than team-a are not visible to you: the cards' use is "
+        "taken from the GPUNodes' status (and only team-a's pods are weighed for preemption)",
+    ]
+    bound_pod = gpushare(tenant, "explain", "mine", "-n", "team-a")
+    assert bound_pod.returncode == 0, bound_pod.stderr
+    assert "bound to gpu-node-1, card 0; served by the device plugin" in bound_pod.stdout
+    assert bound_pod.stderr.splitlines() == seen_from_a
+    waiting = gpushare(tenant, "explain", "too-big", "-n", "team-a")
+    assert waiting.returncode == 0, waiting.stderr
+    assert "decided as the operator op-1 decides" in waiting.stdout  # the Lease is readable
+    assert "cannot be placed on any node, even with no other pod" in waiting.stdout
+    assert "most free: card 1, 11178 MiB" in waiting.stdout
+    wide = gpushare(tenant, "explain", "too-big", "-n", "team-a", "-o", "wide").stdout
+    assert wide.splitlines()[-2].split()[-9:-6] == ["GPU", "4154", "11178"]  # team-b's counted
+    as_json = gpushare(tenant, "inspect", "-o", "json", "-n", "team-a")
+    card0 = json.loads(as_json.stdout)[0]["cards"][0]
+    assert (card0["usedMiB"], card0["otherNamespacesMiB"], card0["otherNamespacesPods"]) == (
+        7024,
+        6000,
+        ["team-b/other"],
+    )
+    assert [pod["name"] for pod in card0["pods"]] == ["mine"]
+    detail = gpushare(tenant, "inspect", "-d", "-n", "team-a")
+    (card0_row,) = [line for line in detail.stdout.splitlines() if "team-a/mine" in line]
+    assert card0_row.endswith("other namespaces' pods 6000 MiB")  # (uses N): measured
+    assert "team-b/other" not in detail.stdout
+
+    # Without the shipped binding that lets every user read GPUNodes:
+    await raw_json(
+        client.RbacAuthorizationV1Api(api).delete_cluster_role_binding(
+            "gpushare-view", _preload_content=False
+        )
+    )
+
+    async def blind() -> subprocess.CompletedProcess[str] | None:
+        shown = await asyncio.to_thread(gpushare, tenant, "explain", "too-big", "-n", "team-a")
+        return shown if shown.returncode == 1 else None
+
+    refused = await eventually(blind, what="the tenant to lose GPUNodes")
+    assert refused.stderr.splitlines()[-1] == (
+        "gpushare: pod team-a/too-big is not bound (the scheduler says: "
+        + (await unschedulable(core, "too-big", namespace="team-a"))
+        + "); where it could go cannot be worked out: neither nodes nor GPUNodes are visible "
+        "to you, so the cards cannot be known; ask for read access to gpunodes.gpushare.io "
+        "(cluster-wide)"
+    )
+    still = gpushare(tenant, "explain", "mine", "-n", "team-a")
+    assert still.returncode == 0, still.stderr
+    assert "bound to gpu-node-1, card 0" in still.stdout
+    assert (
+        "note: GPUNodes are not visible to you: the cards cannot be known; ask for read access "
+        "to gpunodes.gpushare.io (cluster-wide)" in still.stderr.splitlines()
+    )

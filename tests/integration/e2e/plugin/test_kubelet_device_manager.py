@@ -255,7 +255,11 @@ async def test_a_gpunode_is_ready_while_its_plugin_beats_and_stale_once_it_stops
         return {c["type"]: c["status"] for c in found}
 
     async def ready() -> bool:
-        return await conditions() == {"Ready": "True", "Stale": "False"}
+        return await conditions() == {
+            "Ready": "True",
+            "Stale": "False",
+            "DoubleAdvertised": "False",
+        }
 
     await eventually(ready, timeout_s=15, what="Ready")
     kubectl = [str(plane.binaries.kubectl), "--kubeconfig", str(plane.kubeconfig)]
@@ -275,9 +279,46 @@ async def test_a_gpunode_is_ready_while_its_plugin_beats_and_stale_once_it_stops
     node.plugin.stop()
 
     async def stale() -> bool:
-        return await conditions() == {"Ready": "False", "Stale": "True"}
+        return await conditions() == {
+            "Ready": "False",
+            "Stale": "True",
+            "DoubleAdvertised": "False",
+        }
 
     await eventually(stale, timeout_s=15, what="Stale once the plugin stopped")
+
+
+async def test_a_node_nvidias_plugin_also_advertises_is_flagged_with_the_fix(
+    core: client.CoreV1Api,
+    api: client.ApiClient,
+    plane: ControlPlane,
+    gpu_node: Callable[..., Any],
+    start_operator: Callable[..., Any],
+) -> None:
+    await gpu_node("both", "2x11178")
+    start_operator()
+    nvidia = {"nvidia.com/gpu": "2"}
+    # As NVIDIA's device plugin registering beside ours makes the kubelet write it.
+    await core.patch_node_status("both", {"status": {"capacity": nvidia, "allocatable": nvidia}})
+
+    async def flagged() -> dict[str, Any] | None:
+        found = (await gpunode(api, "both")).get("status", {}).get("conditions", [])
+        double = [c for c in found if c["type"] == "DoubleAdvertised"]
+        return double[0] if double and double[0]["status"] == "True" else None
+
+    condition = await eventually(flagged, timeout_s=15, what="DoubleAdvertised")
+    assert "nvidia.com/gpu: 2" in condition["message"]
+    kubectl = [str(plane.binaries.kubectl), "--kubeconfig", str(plane.kubeconfig)]
+    described = await asyncio.to_thread(
+        subprocess.run,
+        [*kubectl, "describe", "node", "both"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert "DoubleAdvertised" in described.stdout
+    assert "nvidia.com/gpu.deploy.device-plugin=false" in described.stdout
 
 
 async def test_an_xid_makes_the_card_unhealthy_and_recovery_restores_it(
@@ -399,11 +440,13 @@ async def test_the_inventory_is_owned_by_the_node_and_metrics_count_allocations(
             return str(answer.read().decode())
 
     metrics = await asyncio.to_thread(scrape)
-    memory = 'resource="volcano.sh/gpu-memory"'
+    # Every series names the plugin's node (`node`, labels in name order).
+    memory = 'node="n",resource="volcano.sh/gpu-memory"'
     assert f'gpushare_plugin_allocate_total{{{memory},result="ok"}} 1.0' in metrics
     assert f'gpushare_plugin_allocate_total{{{memory},result="no_candidate"}} 1.0' in metrics
     assert f'gpushare_plugin_devices{{health="Healthy",{memory}}} 22356.0' in metrics
     assert (
-        'gpushare_plugin_devices{health="Healthy",resource="volcano.sh/gpu-number"} 2.0' in metrics
+        'gpushare_plugin_devices{health="Healthy",node="n",resource="volcano.sh/gpu-number"} 2.0'
+        in metrics
     )
     assert "gpushare_plugin_allocate_seconds_bucket" in metrics

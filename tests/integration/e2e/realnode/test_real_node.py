@@ -51,6 +51,7 @@ from gpushare_harness import nodeteardown
 from gpushare_harness.burst import BurstWatch, inventories, live_packing, model_packing
 from gpushare_harness.crds import install_project_at
 from gpushare_harness.identities import apply_roles, operator_kubeconfig, plugin_kubeconfig
+from gpushare_harness.nodeconfig import FAKE_CDI_CARD, cdi_spec_dir, fake_cdi_spec
 from gpushare_harness.operator import OperatorProcess
 from gpushare_harness.plugin import PluginProcess
 from gpushare_harness.realnode import RealCluster, RealNode, RealNodeError, check_prerequisites
@@ -355,6 +356,32 @@ async def test_with_volume_mounts_the_cards_are_named_by_mounts_a_pod_cannot_set
         node.plugin.start()
 
 
+@pytest.mark.parametrize("strategy", ["cdi-cri", "cdi-annotations"])
+async def test_with_cdi_the_runtime_applies_the_device_of_the_card_the_plugin_chose(
+    real: Cluster, core: client.CoreV1Api, strategy: str
+) -> None:
+    node = real.coarse
+    spec = cdi_spec_dir(node.real.directory) / "gpushare-fake.json"
+    spec.write_text(fake_cdi_spec(5))  # the coarse node's five cards
+    node.plugin.stop()
+    node.plugin.env["DEVICE_LIST_STRATEGY"] = strategy
+    try:
+        node.plugin.start()
+        name = f"by-{strategy}"
+        await create_pod(core, on(node, name, 1024))
+        pod = await running(core, name)
+        env = await exec_env(real, name)
+        # containerd applied the CDI device of the card the pod was placed on; no variable
+        # names a card to a legacy NVIDIA hook.
+        assert env[FAKE_CDI_CARD] == gpu_index(pod)
+        assert env[contract.ENV_VISIBLE_DEVICES] == "void"
+        assert env[contract.ENV_GPU_ALLOCATED] == "1024"
+    finally:
+        node.plugin.stop()
+        del node.plugin.env["DEVICE_LIST_STRATEGY"]
+        node.plugin.start()
+
+
 def container_pids(pod: dict[str, Any]) -> dict[str, int]:
     """Each container's main process on the host, found as the plugin finds it: by the
     container its cgroup names."""
@@ -532,9 +559,15 @@ async def test_a_pod_of_higher_priority_evicts_the_cheapest_pod_its_budget_allow
         second = await preemptor("h2")
         assert gpu_index(second) == "3"
         assert gpu_env(await exec_env(real, "h2"))[contract.ENV_GPU_ALLOCATED] == "8192"
-        listed = await raw_json(core.list_namespaced_pod("default", _preload_content=False))
-        left = {p["metadata"]["name"] for p in listed["items"]}
-        assert left == {"big-1", "big-2", "c1", "c2", "h1", "h2"}
+
+        # The preemptor runs once its victim's containers stopped (the pod is terminal); the
+        # kubelet removes the victim's object a moment later.
+        async def left() -> set[str] | None:
+            listed = await raw_json(core.list_namespaced_pod("default", _preload_content=False))
+            names = {p["metadata"]["name"] for p in listed["items"]}
+            return names if names == {"big-1", "big-2", "c1", "c2", "h1", "h2"} else None
+
+        await eventually(left, timeout_s=30, what="only the victims gone")
         for victim, by in (("c4", "h1"), ("c3", "h2")):
             messages = [
                 e["message"] for e in await events_of(core, victim) if e["reason"] == "Preempted"
