@@ -190,19 +190,15 @@ class KubeSchedulerApi:
         )
 
     async def post_event(self, pod: PodRef, *, event_type: str, reason: str, message: str) -> str:
-        body = protobuf.event(
-            namespace=pod.namespace,
-            name=pod.name,
-            uid=pod.uid,
+        created = await self._post_event(
+            pod.namespace,
+            pod.name,
+            pod.uid,
+            kind="Pod",
             event_type=event_type,
             reason=reason,
             message=message,
-            component=COMPONENT,
-            instance=self._identity,
-            at_s=int(time.time()),
         )
-        path = f"/api/v1/namespaces/{pod.namespace}/events"
-        created = await post_protobuf(self._api, path, body, timeout_s=self._timeout)
         try:
             return protobuf.field(created, 1, 1)  # metadata.name
         except ValueError:  # created, but its name unreadable: a later repeat posts anew
@@ -211,20 +207,38 @@ class KubeSchedulerApi:
     async def post_node_event(
         self, node: str, *, event_type: str, reason: str, message: str
     ) -> None:
+        # The node's name as its uid, as the kubelet's: `kubectl describe node` looks up by it.
+        await self._post_event(
+            "", node, node, kind="Node", event_type=event_type, reason=reason, message=message
+        )
+
+    async def _post_event(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        *,
+        kind: str,
+        event_type: str,
+        reason: str,
+        message: str,
+    ) -> bytes:
+        """Create an Event about `kind` `namespace/name` ("" for a cluster-scoped object)."""
         body = protobuf.event(
-            namespace="",
-            name=node,
-            uid=node,  # as the kubelet's, which `kubectl describe node` looks up by
+            namespace=namespace,
+            name=name,
+            uid=uid,
             event_type=event_type,
             reason=reason,
             message=message,
             component=COMPONENT,
             instance=self._identity,
             at_s=int(time.time()),
-            kind="Node",
+            kind=kind,
         )
-        path = f"/api/v1/namespaces/{protobuf.EVENTS_OF_CLUSTER_OBJECTS}/events"
-        await post_protobuf(self._api, path, body, timeout_s=self._timeout)
+        kept_in = namespace or protobuf.EVENTS_OF_CLUSTER_OBJECTS
+        path = f"/api/v1/namespaces/{kept_in}/events"
+        return await post_protobuf(self._api, path, body, timeout_s=self._timeout)
 
     async def repeat_event(self, namespace: str, name: str, *, message: str, count: int) -> None:
         change = {"message": message, "count": count, "lastTimestamp": rfc3339()}
