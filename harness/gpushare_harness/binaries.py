@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,8 +106,9 @@ def expected_binaries() -> Binaries:
 
 
 def ensure_binaries(*, log: bool = True) -> Binaries:
-    """The cached binaries, building them first when they are absent (about 12 minutes on 2
-    cores with a cold Go cache, one at a time: each link takes a few GiB)."""
+    """The cached binaries, building them first when they are absent (about 8 minutes on 2
+    cores with a cold Go cache): one `go build` per module, so that the compiles and links of
+    its commands overlap (each link takes a few GiB)."""
     binaries = expected_binaries()
     if binaries.present:
         return binaries
@@ -123,23 +125,36 @@ def ensure_binaries(*, log: bool = True) -> Binaries:
         f"-X k8s.io/component-base/version.gitMajor={major} "
         f"-X k8s.io/component-base/version.gitMinor={minor}"
     )
-    binaries.kube_apiserver.parent.mkdir(parents=True, exist_ok=True)
+    folder = binaries.kube_apiserver.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    by_module: dict[Path, list[str]] = {}
     for field, target in binaries.paths().items():
-        package = _PACKAGES[field]
-        if target.is_file():
-            continue
+        if not target.is_file():
+            by_module.setdefault(_OWN_MODULES.get(field, GO_MODULE), []).append(field)
+    for module, fields in by_module.items():
+        packages = [_PACKAGES[field] for field in fields]
         if log:
-            print(f"gpushare-dev: building {package} -> {target}", file=sys.stderr, flush=True)
-        partial = target.with_suffix(".partial")
-        result = subprocess.run(
-            [go, "build", "-trimpath", "-ldflags", ldflags, "-o", str(partial), package],
-            cwd=_OWN_MODULES.get(field, GO_MODULE),
-            env={**os.environ, "CGO_ENABLED": "0"},
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if result.returncode != 0:
-            raise BuildError(f"building {package} failed:\n{result.stderr[-4000:]}")
-        partial.rename(target)  # only a complete binary ever has the final name
+            print(f"gpushare-dev: building {' '.join(packages)}", file=sys.stderr, flush=True)
+        with tempfile.TemporaryDirectory(dir=folder) as staging:
+            result = subprocess.run(
+                [go, "build", "-trimpath", "-ldflags", ldflags, "-o", staging + "/", *packages],
+                cwd=module,
+                env={**os.environ, "CGO_ENABLED": "0"},
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if result.returncode != 0:
+                raise BuildError(f"building {' '.join(packages)} failed:\n{result.stderr[-4000:]}")
+            for field in fields:  # only a complete binary ever has the final name
+                (Path(staging) / _command_name(_PACKAGES[field])).rename(getattr(binaries, field))
     return binaries
+
+
+def _command_name(package: str) -> str:
+    """The file `go build -o DIR/` writes a command package to: its last path element, or the
+    one before a major-version element (go.etcd.io/etcd/server/v3 -> server)."""
+    parts = package.rstrip("/").split("/")
+    if len(parts) > 1 and re.fullmatch(r"v[0-9]+", parts[-1]):
+        return parts[-2]
+    return parts[-1]
