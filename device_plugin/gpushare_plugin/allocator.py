@@ -121,10 +121,18 @@ class Allocator:
         try:
             async with self._lock:
                 grants = await self._match_waiting(kind, counts)
+                # Recorded before the writes: the kubelet may admit a pod while they are in
+                # flight (with this call's grant or an earlier one), and a pod admitted that
+                # the record shows unserved is taken for one started with another's grant.
+                before = self._pods.serve({g.pod.uid: g.position + 1 for g in grants})
+                try:
+                    for grant in grants:
+                        if grant.last:
+                            await self._mark_assigned(grant)
+                except BaseException:  # refused, or the call cancelled: the kubelet got nothing
+                    self._pods.unserve(before)
+                    raise
                 for grant in grants:
-                    if grant.last:
-                        await self._mark_assigned(grant)
-                    self._pods.served[grant.pod.uid] = grant.position + 1
                     if grant.pod.uid in self._pods.reopened and grant.last:
                         self._pods.served_again(grant.pod.uid)
                     self.granted[(grant.pod.uid, grant.container)] = grant

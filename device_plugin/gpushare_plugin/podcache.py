@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from gpushare import logs
 from gpushare.kube.reflector import DELETED, Reflector
@@ -117,6 +117,25 @@ class PodCache:
             note="the kubelet started it with the grant given under the other's name; that pod "
             "is served again when the kubelet starts it",
         )
+
+    def serve(self, counts: Mapping[PodUid, int]) -> dict[PodUid, int | None]:
+        """Record the GPU containers served of each pod; what the record said before."""
+        before = {uid: self.served.get(uid) for uid in counts}
+        self.served.update(counts)
+        return before
+
+    def unserve(self, before: Mapping[PodUid, int | None]) -> None:
+        """Undo `serve` (the kubelet got no grant from that call). A pod admitted meanwhile
+        was started with a grant served earlier under another's name: the record follows it."""
+        for uid, count in before.items():
+            if count is None:
+                self.served.pop(uid, None)
+            else:
+                self.served[uid] = count
+        for uid in before:
+            pod = self._pods.get(uid)
+            if pod is not None and pod.admitted:
+                self._admitted(pod)
 
     def served_again(self, uid: PodUid) -> None:
         """A reopened pod was served again (or admitted, or is gone): the pod that took its
