@@ -72,12 +72,20 @@ class LeaseElector:
             await self.step()
             await asyncio.sleep(self._config().retry_period_s)
 
+    def fresh(self) -> bool:
+        """Leading, with the Lease renewed within the renew deadline: a write now cannot race
+        a new leader. A replica paused past its Lease (SIGSTOP, a stalled VM) resumes sure it
+        leads until its next round; its binds and evictions wait on this meanwhile."""
+        since = self._monotonic() - self._renewed_at
+        return self.leading and since <= self._config().renew_deadline_s
+
     async def step(self) -> None:
         """One acquire-or-renew round, and the transitions it causes."""
+        asked = self._monotonic()  # the renewal counts from when it was asked, not answered
         held = await self._acquire_or_renew()
         now = self._monotonic()
         if held:
-            self._renewed_at = now
+            self._renewed_at = asked
             if not self.leading:
                 self.leading = True
                 self._log.info("started_leading")

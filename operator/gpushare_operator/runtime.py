@@ -92,6 +92,7 @@ class Runtime:
             metrics=self.metrics,
             config=self.current_config,
             findings=self.intake.findings,
+            may_write=self._may_write,
         )
         self.status = StatusWriter(
             cache=self.cache,
@@ -244,6 +245,9 @@ class Runtime:
     @property
     def leading(self) -> bool:
         return self.elector.leading or not self.config.leader_elect
+
+    def _may_write(self) -> bool:
+        return not self.config.leader_elect or self.elector.fresh()
 
     def _start_leading(self) -> None:
         self.metrics.leader.set(1)

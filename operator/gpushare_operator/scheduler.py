@@ -62,6 +62,10 @@ PREEMPTING = "Preempting"
 PREEMPTED = "Preempted"  # kube-scheduler's reason on a victim
 
 
+class _Fenced(Exception):
+    """A write not sent: this replica may no longer lead (`Scheduler._fence`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Decision:
     pod: PodInfo
@@ -80,7 +84,10 @@ class Scheduler:
         metrics: SchedulerMetrics,
         config: Callable[[], OperatorConfig],
         findings: asyncio.Queue[tuple[str, PodInfo]],
+        may_write: Callable[[], bool],
     ) -> None:
+        """`may_write`: whether this replica's Lease is fresh (`LeaseElector.fresh`); no
+        Binding or eviction is sent while it is not."""
         self.cache = cache
         self.queue = queue
         self.gangs = gangs
@@ -89,6 +96,7 @@ class Scheduler:
         self._metrics = metrics
         self._config = config
         self._findings = findings
+        self._may_write = may_write
         self._in_flight: set[asyncio.Task[None]] = set()  # binds and evictions
         self._slots = asyncio.Semaphore(config().max_concurrent_binds)
         self._log = logs.get("scheduler")
@@ -245,8 +253,9 @@ class Scheduler:
         """Evict one victim through the Eviction API. A refusal (a PodDisruptionBudget that
         changed meanwhile, say) ends the nomination: the preemptor chooses again."""
         try:
+            self._fence(f"evict {victim}")
             await retry(lambda: self._api.evict(victim), WRITE)
-        except (ApiError, OSError, TimeoutError) as error:
+        except (ApiError, OSError, TimeoutError, _Fenced) as error:
             if isinstance(error, ApiError) and error.status == 404:
                 return  # gone already: room made all the same
             self._log.warning(
@@ -310,10 +319,18 @@ class Scheduler:
 
     async def _evict(self, pod: PodRef) -> None:
         try:
+            self._fence(f"evict {pod}")
             await retry(lambda: self._api.evict(pod), WRITE)
-        except (ApiError, OSError, TimeoutError) as error:
+        except (ApiError, OSError, TimeoutError, _Fenced) as error:
             if not isinstance(error, ApiError) or error.status != 404:
                 self._log.warning("evict_failed", pod=str(pod), error=str(error))
+
+    def _fence(self, write: str) -> None:
+        if not self._may_write():
+            raise _Fenced(
+                f"{write} not sent: this replica's Lease was not renewed within the renew "
+                f"deadline (paused, or cut off from the apiserver); another may lead now"
+            )
 
     # -- binding cycle (concurrent) ------------------------------------------------------
 
@@ -343,6 +360,11 @@ class Scheduler:
         policy = bind_policy(config.backoff_initial_s, config.backoff_max_s)
         delays = policy.backoff.delays()  # one after each failure, the last one's too
         for attempt in range(1, BIND_ATTEMPTS + 1):
+            try:
+                self._fence(f"bind {pod}")
+            except _Fenced as fenced:
+                self._requeue(pod, log, str(fenced))
+                return
             try:
                 async with asyncio.timeout(config.bind_timeout_s):
                     await self._api.bind(pod, node, annotations)

@@ -71,3 +71,24 @@ async def test_a_standby_whose_clock_runs_behind_takes_a_lease_left_unrenewed() 
     assert standby.leading
     assert api.lease is not None
     assert api.lease["spec"]["holderIdentity"] == "b"
+
+
+async def test_a_leader_paused_past_its_lease_may_not_write_until_it_has_renewed() -> None:
+    api = OneLease()
+    elapsed = [0.0]
+    leader = replica(api, "a", wall=[1000.0], elapsed=elapsed)
+    await leader.step()
+    assert leader.fresh()
+    elapsed[0] += 16  # SIGSTOPped past its 15 s Lease; a standby took it meanwhile
+    standby_elapsed = [0.0]
+    standby = replica(api, "b", wall=[1016.0], elapsed=standby_elapsed)
+    await standby.step()
+    standby_elapsed[0] += 16
+    await standby.step()
+    assert standby.leading
+    # Resumed, "a" still believes it leads until its next round; it may not bind meanwhile.
+    assert leader.leading
+    assert not leader.fresh()
+    await leader.step()
+    assert not leader.leading
+    assert not leader.fresh()
