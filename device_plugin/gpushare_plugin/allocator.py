@@ -30,13 +30,22 @@ from gpushare.model.bound import bound_pod
 from gpushare.model.device_list import DeviceListing
 from gpushare.model.limits import LimitSettings
 from gpushare.model.request import GpuKind
-from gpushare.model.usage import PodUid
+from gpushare.model.usage import PodRef, PodUid
 from gpushare_plugin.devices import DeviceTable
 from gpushare_plugin.kubeapi import PluginApi
 from gpushare_plugin.metrics import PluginMetrics
 from gpushare_plugin.podcache import PodCache
 
 _CONFLICT_ATTEMPTS = 3
+_GONE_ATTEMPTS = 3
+
+
+class _PodGone(NoCandidate):
+    def __init__(self, pod: PodRef) -> None:
+        super().__init__(f"pod {pod} was deleted while its containers started")
+        self.uid = pod.uid
+
+
 BYPASS_WAIT_S = 0.3
 """The watch's grace when the pod being started is most likely one no scheduler placed: its
 refusal (GetPreferredAllocation, then Allocate) comes within a second."""
@@ -120,18 +129,7 @@ class Allocator:
         result = "error"
         try:
             async with self._lock:
-                grants = await self._match_waiting(kind, counts)
-                # Recorded before the writes: the kubelet may admit a pod while they are in
-                # flight (with this call's grant or an earlier one), and a pod admitted that
-                # the record shows unserved is taken for one started with another's grant.
-                before = self._pods.serve({g.pod.uid: g.position + 1 for g in grants})
-                try:
-                    for grant in grants:
-                        if grant.last:
-                            await self._mark_assigned(grant)
-                except BaseException:  # refused, or the call cancelled: the kubelet got nothing
-                    self._pods.unserve(before)
-                    raise
+                grants = await self._serve(kind, counts)
                 for grant in grants:
                     if grant.pod.uid in self._pods.reopened and grant.last:
                         self._pods.served_again(grant.pod.uid)
@@ -173,6 +171,32 @@ class Allocator:
             self._metrics.allocations.labels(kind.value, result).inc()
             self._metrics.allocate_latency.labels(kind.value).observe(time.perf_counter() - started)
 
+    async def _serve(self, kind: GpuKind, counts: Sequence[int]) -> list[ContainerGrant]:
+        """Match, record and mark. A pod matched but deleted meanwhile is dropped and the
+        call matched again: the call may be for a neighbour of the same request, which must
+        not fail for it."""
+        attempt = 0
+        while True:
+            attempt += 1
+            grants = await self._match_waiting(kind, counts)
+            # Recorded before the writes: the kubelet may admit a pod while they are in
+            # flight (with this call's grant or an earlier one), and a pod admitted that the
+            # record shows unserved is taken for one started with another's grant.
+            before = self._pods.serve({g.pod.uid: g.position + 1 for g in grants})
+            try:
+                for grant in grants:
+                    if grant.last:
+                        await self._mark_assigned(grant)
+                return grants
+            except _PodGone as gone:
+                self._pods.unserve(before)
+                self._pods.forget(gone.uid)
+                if attempt == _GONE_ATTEMPTS:
+                    raise
+            except BaseException:  # refused, or the call cancelled: the kubelet got nothing
+                self._pods.unserve(before)
+                raise
+
     async def _mark_assigned(self, grant: ContainerGrant) -> None:
         """Not `retry`: two budgets in one loop. A write with no answer, or a busy one, waits
         and is tried again (`retry.WRITE`, one budget for the whole call); a conflict re-reads
@@ -187,6 +211,8 @@ class Allocator:
             except (ApiError, OSError, TimeoutError) as error:
                 if isinstance(error, ApiError) and error.status == 409:
                     failure = None
+                elif isinstance(error, ApiError) and error.status == 404:
+                    raise _PodGone(grant.pod) from error
                 elif transient(error):
                     # The apiserver restarting or busy: the decision stands, the write waits.
                     delay = next(delays, None)
@@ -207,7 +233,7 @@ class Allocator:
             body = await self._api.read_pod(grant.pod)
             current = bound_pod(body) if body is not None else None
             if current is None or current.ref.uid != grant.pod.uid or not current.active:
-                raise NoCandidate(f"pod {grant.pod} was deleted while its containers started")
+                raise _PodGone(grant.pod)
             if current.gpu_index != self._pods_index(grant.pod.uid):
                 raise NoCandidate(
                     f"pod {grant.pod}: {contract.GPU_INDEX} changed while its containers "

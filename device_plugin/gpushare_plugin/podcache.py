@@ -137,6 +137,12 @@ class PodCache:
             if pod is not None and pod.admitted:
                 self._admitted(pod)
 
+    def forget(self, uid: PodUid) -> None:
+        """Drop a pod the apiserver says is gone or going, before its watch event comes."""
+        pod = self._pods.get(uid)
+        if pod is not None:
+            self._apply(DELETED, pod)
+
     def served_again(self, uid: PodUid) -> None:
         """A reopened pod was served again (or admitted, or is gone): the pod that took its
         grant is served for good: to mark."""

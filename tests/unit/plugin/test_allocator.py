@@ -141,3 +141,15 @@ async def test_a_pod_admitted_during_a_refused_call_took_a_grant_served_under_an
         await call
     # "b" runs on the grant served as "a": "a" is served again when the kubelet retries it.
     assert await allocate(allocator, api) == ("a", "0")
+
+
+@pytest.mark.asyncio
+async def test_a_pod_deleted_while_its_grant_is_written_does_not_fail_its_neighbours_start(
+    tmp_path: Path,
+) -> None:
+    allocator, _, api = plugin(tmp_path, pod("a", 1, card="0"), pod("b", 2, card="0"))
+    # The kubelet starts "b"; "a", matched first, was deleted a moment ago (its watch event
+    # is still on its way): the write says so, and the call is served as "b".
+    await api.answers.put(ApiError(404, 'pods "a" not found'))
+    assert await allocate(allocator, api) == ("b", "0")
+    assert api.marked == ["b"]
