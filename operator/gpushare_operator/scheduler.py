@@ -118,8 +118,13 @@ class Scheduler:
                 self._metrics.attempt_duration.labels(
                     "scheduled" if decisions else "unschedulable"
                 ).observe(time.perf_counter() - started)
-                for decision in decisions:
-                    await self._slots.acquire()  # bounds the binds in flight
+                for index, decision in enumerate(decisions):
+                    try:
+                        await self._slots.acquire()  # bounds the binds in flight
+                    except asyncio.CancelledError:
+                        for undone in decisions[index:]:
+                            self._not_bound(undone)
+                        raise
                     task = asyncio.create_task(
                         self._bind(decision), name=f"bind {decision.pod.ref}"
                     )
@@ -337,8 +342,18 @@ class Scheduler:
     async def _bind(self, decision: _Decision) -> None:
         try:
             await self._bind_once(decision)
+        except asyncio.CancelledError:
+            self._not_bound(decision)
+            raise
         finally:
             self._slots.release()
+
+    def _not_bound(self, decision: _Decision) -> None:
+        """Leadership lost (or shutdown) before the bind was known: whether it landed, the
+        watch will say; the pod stays queued meanwhile, or a new leadership (which lists
+        everything again first) would never decide for it."""
+        self.cache.forget_assumed(decision.pod.ref.uid)
+        self.queue.backoff(decision.pod.ref.uid)
 
     async def _bind_once(self, decision: _Decision) -> None:
         """Bind, retrying the same decision on transient errors (the assumption stays, so

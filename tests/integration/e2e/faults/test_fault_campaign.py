@@ -1,34 +1,50 @@
-"""The fault campaign: a 1,000-pod burst over 50 GPU nodes (each with the device plugin and
-the kubelet's device manager) while things break, then the invariants.
+"""The fault campaign: 1,000 pods over 50 GPU nodes (each with the device plugin and the
+kubelet's device manager), created in waves while things break, then every pod accounted for.
 
-During the burst: the operator leader is SIGKILLed three times (two replicas, Lease election),
-the apiserver is restarted, device plugins are SIGKILLed and restarted, kubelets restarted,
-a node with pods on it is deleted (its pods go, as the pod garbage collector would remove
-them), and pods are deleted while they are being bound. Afterwards:
-- no card is over capacity and no whole card is shared;
-- every bound GPU pod has a valid `gpu-index` for its node;
-- every served container's env names the card(s) of its pod's annotation;
-- every pod is bound at most once by the operator, and is either bound or Unschedulable with
-  a FailedScheduling event;
-- every bound pod was served (Running), or refused by the kubelet with the reason.
+Each fault fires during a wave, once work is in flight (observed: a pod bound since the last
+look, while pods bound are not yet started; a node's fault on a node with such pods, so its
+Allocates are in flight): the operator leader SIGKILLed (a takeover asserted each time),
+the leader paused past its Lease (split brain: the standby's takeover asserted, then the old
+leader's step down), the apiserver restarted, etcd stopped and slowed, device plugins and
+kubelets restarted with Allocates in flight, an XID on a card, a node with pods on it deleted
+(its pods go, as the pod garbage collector would remove them), and pods deleted while they
+are being bound.
+The order of the faults, their targets and the pods come from one seed, chosen at random for
+each run and printed (`GPUSHARE_FAULT_SEED=<seed>` replays it).
+
+Afterwards, every pod is accounted for:
+- Running with the env of its grant (the card of its `gpu-index`, the MiB it asked), as the
+  kubelet started it; or refused by its kubelet, each refusal explained by a fault fired on
+  its node (or on the whole cluster) just before; or Unschedulable with a FailedScheduling
+  event, where the model, replayed on the final state, finds no room for it;
+- no card holds more than it has, counted from what the containers were given; no whole card
+  is shared; no card's record differs from its GPUNode status; no bound pod keeps a stale
+  PodScheduled=False; every pod was bound at most once;
+- exactly one operator leads, and holds the Lease; no component was refused a right.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
+import itertools
 import json
+import os
 import random
+import re
 import shutil
+import signal
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
 import pytest
+import yaml
 from kubernetes_asyncio import client
 
 from gpushare.kube import ApiError, raw_json
@@ -36,6 +52,7 @@ from gpushare.model import contract
 from gpushare.model.annotations import parse_card_indices
 from gpushare.model.bound import kubelet_order
 from gpushare.model.inventory import NodeInventory, node_inventory
+from gpushare.model.placement import find_placement
 from gpushare.model.request import GpuKind, gpu_request
 from gpushare.model.usage import Ledger, check_allocation, claim_of
 from gpushare_harness import ControlPlane, FakeGpuNode, create_gpu_node
@@ -48,8 +65,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio, pytest.mark.timeout(
 
 NODES = 50
 PODS = 1000
+CARDS = 8
 CARD = 11178
-SEED = 20261202
+SEED = int(os.environ.get("GPUSHARE_FAULT_SEED") or random.SystemRandom().randrange(1, 10**6))
 # 64 MiB per device (174 per card): at 1 MiB a node lists 89,424 devices, and the kubelet's
 # device manager (1.36, ResourceHealthStatus on by default) then spends minutes holding its
 # lock after a restart, comparing every device with every allocation
@@ -58,6 +76,12 @@ SEED = 20261202
 UNIT_MIB = 64
 SIZES = (8, 16, 32, 64)  # units: 512 MiB to 4 GiB
 TOO_BIG = "313"  # 20,032 MiB: more than any card
+LEASE_S = 4.0  # the harness's operators' Lease (OperatorProcess)
+TAKEOVER_S = LEASE_S + 20  # the Lease runs out, then a standby's next round on a busy machine
+# A kubelet refusal is explained by a fault that ended at most this long before it: the
+# plugin's write retries (retry.WRITE) and the kubelet's own reconnects.
+REFUSAL_GRACE_S = 45.0
+TOP_UP = 8  # pods created when a wave went through before its fault saw work in flight
 
 
 class FakeNode:
@@ -65,6 +89,8 @@ class FakeNode:
         self, name: str, plane: ControlPlane, folder: Path, logs: Path, plugin_kubeconfig: Path
     ) -> None:
         self.name = name
+        self.cards = logs / f"{name}-cards.yaml"
+        self.cards.write_text(yaml.safe_dump({"cards": [{"memoryMiB": CARD}] * CARDS}))
         self.kubelet = KubeletHarness(
             node=name,
             kubeconfig=plane.kubeconfig,
@@ -75,10 +101,21 @@ class FakeNode:
             node=name,
             kubeconfig=plugin_kubeconfig,
             socket_dir=folder,
-            fake_gpus=f"8x{CARD}",
+            fake_gpus=f"@{self.cards}",
             log=logs / f"{name}-plugin.log",
             args=[f"--gpu-memory-factor={UNIT_MIB}"],
         )
+
+
+@dataclass(frozen=True)
+class Fired:
+    """A fault as it happened: when (unix seconds) and where (None: the whole cluster)."""
+
+    name: str
+    start: float
+    end: float
+    nodes: frozenset[str] | None
+    causes_refusals: bool
 
 
 def manifest(number: int, rng: random.Random) -> dict[str, Any]:
@@ -102,14 +139,14 @@ def manifest(number: int, rng: random.Random) -> dict[str, Any]:
 
 
 async def retrying(call: Callable[[], Any], *, attempts: int = 60, missing_ok: bool = False) -> Any:
-    """An API call that rides out the apiserver restart."""
+    """An API call that rides out the apiserver restart and etcd's pauses."""
     for attempt in range(attempts):
         try:
             return await call()
         except (aiohttp.ClientError, OSError, ApiError) as error:
             if isinstance(error, ApiError) and error.status == 404 and missing_ok:
                 return None
-            if isinstance(error, ApiError) and error.status not in (429, 500, 503):
+            if isinstance(error, ApiError) and error.status not in (429, 500, 503, 504):
                 raise
             if attempt == attempts - 1:
                 raise
@@ -117,11 +154,31 @@ async def retrying(call: Callable[[], Any], *, attempts: int = 60, missing_ok: b
     return None
 
 
-async def test_a_burst_through_crashes_restarts_and_deletions_keeps_every_invariant(
+def stamp(text: object) -> float:
+    """A log line's time (unix seconds); Go's nanoseconds cut to Python's microseconds."""
+    trimmed = re.sub(r"(\.\d{6})\d+", r"\1", str(text))
+    return datetime.datetime.fromisoformat(trimmed).timestamp()
+
+
+def leading_since(operator: OperatorProcess) -> float | None:
+    """When the operator's current process began leading; None when it does not lead."""
+    if not operator.running:
+        return None
+    transitions = [
+        e
+        for e in operator.log_events()[operator.log_start :]
+        if e.get("event") in ("started_leading", "stopped_leading")
+    ]
+    if transitions and transitions[-1]["event"] == "started_leading":
+        return stamp(transitions[-1]["timestamp"])
+    return None
+
+
+async def test_a_burst_through_crashes_restarts_and_deletions_accounts_for_every_pod(
     plane: ControlPlane, api: client.ApiClient, core: client.CoreV1Api, tmp_path: Path
 ) -> None:
+    print(f"fault campaign seed {SEED}: GPUSHARE_FAULT_SEED={SEED} replays it")
     rng = random.Random(SEED)
-    restarting: list[float] = []  # when the apiserver restart began and ended (unix time)
     folders = Path(tempfile.mkdtemp(prefix="dp-faults-"))
     names = [f"gpu-{i:02d}" for i in range(NODES)]
     await asyncio.gather(
@@ -135,11 +192,13 @@ async def test_a_burst_through_crashes_restarts_and_deletions_keeps_every_invari
         FakeNode(name, plane, folders / name, tmp_path, config)
         for name, config in zip(names, plugin_configs, strict=True)
     ]
+    by_name = {node.name: node for node in nodes}
     operator_config = await operator_kubeconfig(core, plane.kubeconfig, tmp_path / "op.kubeconfig")
     operators = [
         OperatorProcess(operator_config, tmp_path / f"op-{n}.log", identity=f"op-{n}")
         for n in ("a", "b")
     ]
+    paused: list[int] = []  # pids SIGSTOPped, resumed whatever happens
     try:
         for node in nodes:
             node.kubelet.start()
@@ -154,8 +213,12 @@ async def test_a_burst_through_crashes_restarts_and_deletions_keeps_every_invari
         created: list[str] = []
         deleted: set[str] = set()
         gone_nodes: set[str] = set()
+        fired: list[Fired] = []
+        faults_done = asyncio.Event()
 
-        async def burst() -> None:
+        numbers = itertools.count()
+
+        async def create(count: int) -> None:
             limit = asyncio.Semaphore(16)
 
             async def one(number: int) -> None:
@@ -170,43 +233,125 @@ async def test_a_burst_through_crashes_restarts_and_deletions_keeps_every_invari
                     )
                 created.append(body["metadata"]["name"])
 
-            await asyncio.gather(*(one(n) for n in range(PODS)))
+            await asyncio.gather(*(one(n) for n in itertools.islice(numbers, count)))
 
-        def leader() -> OperatorProcess:
-            for operator in operators:
-                leading = [
-                    e.get("event")
-                    for e in operator.log_events()[operator.log_start :]
-                    if e.get("event") in ("started_leading", "stopped_leading")
-                ]
-                if operator.running and leading and leading[-1] == "started_leading":
-                    return operator
-            return operators[0]
+        async def in_flight(fault: str) -> list[str]:
+            """Wait until binds and Allocates are in flight: a pod bound since the last look,
+            while pods bound are not yet started; their nodes. A wave that went through
+            unseen is topped up with a few pods."""
+            seen: set[str] | None = None
+            quiet_since = time.monotonic()
+            for _ in range(300):
+                starting = await list_pods(core, field="spec.nodeName!=,status.phase=Pending")
+                bound = {p["metadata"]["name"] for p in starting}
+                if seen is not None and bound - seen:
+                    return sorted({p["spec"]["nodeName"] for p in starting} - gone_nodes)
+                seen = bound
+                if time.monotonic() - quiet_since > 3:
+                    await create(TOP_UP)
+                    quiet_since = time.monotonic()
+                await asyncio.sleep(0.2)
+            raise AssertionError(f"seed {SEED}: no bind or Allocate in flight for {fault}")
 
-        async def kill_leader() -> None:
-            victim = leader()
+        async def fire(
+            fault: str,
+            action: Callable[[list[str]], Awaitable[frozenset[str] | None]],
+            *,
+            causes_refusals: bool,
+        ) -> None:
+            targets = await in_flight(fault)
+            start = time.time()
+            where = await action(targets)
+            fired.append(Fired(fault, start, time.time(), where, causes_refusals))
+            print(f"{fault}: {time.time() - start:.1f} s, nodes {sorted(where or ['all'])}")
+
+        async def wait_leader(after: float, *, not_pid: int | None = None) -> OperatorProcess:
+            """The operator that began leading after `after` (unix seconds): a takeover."""
+            deadline = time.monotonic() + TAKEOVER_S
+            while time.monotonic() < deadline:
+                for operator in operators:
+                    since = leading_since(operator)
+                    if since is not None and since > after and operator.pid != not_pid:
+                        return operator
+                await asyncio.sleep(0.3)
+            raise AssertionError(f"seed {SEED}: no takeover within {TAKEOVER_S} s of {after}")
+
+        async def current_leader() -> OperatorProcess:
+            return await wait_leader(0)
+
+        async def kill_leader(_: list[str]) -> None:
+            victim = await current_leader()
+            killed = time.time()
             victim.kill()
             await asyncio.sleep(1)
             victim.start(wait_synced=False)
+            await wait_leader(killed)
 
-        async def delete_while_binding() -> None:
-            """The newest pod, most likely still being placed or bound, is deleted."""
-            for _ in range(20):
-                await asyncio.sleep(rng.uniform(0.2, 0.8))
-                fresh = [n for n in created[-5:] if n not in deleted]
-                if not fresh:
-                    continue
-                deleted.add(fresh[-1])
-                await retrying(
-                    lambda n=fresh[-1]: raw_json(  # type: ignore[misc]
-                        core.delete_namespaced_pod(
-                            n, "default", grace_period_seconds=0, _preload_content=False
-                        )
-                    ),
-                    missing_ok=True,
-                )
+        async def split_brain(_: list[str]) -> None:
+            """The leader paused past its Lease: the standby takes over; the old leader,
+            resumed, steps down (and binds nothing meanwhile: the invariants)."""
+            victim = await current_leader()
+            stopped = time.time()
+            os.kill(victim.pid, signal.SIGSTOP)
+            paused.append(victim.pid)
+            try:
+                await wait_leader(stopped, not_pid=victim.pid)
+            finally:
+                os.kill(victim.pid, signal.SIGCONT)
+                paused.remove(victim.pid)
+            await asyncio.to_thread(
+                victim.wait_logged,
+                "stopped_leading",
+                timeout_s=TAKEOVER_S,
+                match=lambda e: stamp(e["timestamp"]) > stopped,
+            )
 
-        async def delete_node(node: FakeNode) -> None:
+        async def restart_apiserver(_: list[str]) -> None:
+            await asyncio.to_thread(plane.restart_apiserver)
+
+        async def pause_etcd(seconds: float, slices: int) -> None:
+            etcd = plane.pids()["etcd"]
+            for _ in range(slices):
+                os.kill(etcd, signal.SIGSTOP)
+                paused.append(etcd)
+                try:
+                    await asyncio.sleep(seconds / slices / 2 if slices > 1 else seconds)
+                finally:
+                    os.kill(etcd, signal.SIGCONT)
+                    paused.remove(etcd)
+                if slices > 1:
+                    await asyncio.sleep(seconds / slices / 2)
+
+        async def stop_etcd(_: list[str]) -> None:
+            await pause_etcd(3, 1)
+
+        async def slow_etcd(_: list[str]) -> None:
+            await pause_etcd(4, 10)  # 0.2 s stopped, 0.2 s running
+
+        def pick(targets: list[str]) -> FakeNode:
+            return by_name[rng.choice(targets)]
+
+        async def restart_plugin(targets: list[str]) -> frozenset[str]:
+            node = pick(targets)
+            node.plugin.kill()
+            node.plugin.start(wait_registered=False)
+            await asyncio.to_thread(node.plugin.wait_registered, timeout_s=60)
+            return frozenset({node.name})
+
+        async def restart_kubelet(targets: list[str]) -> frozenset[str]:
+            node = pick(targets)
+            await asyncio.to_thread(node.kubelet.restart)
+            return frozenset({node.name})
+
+        async def xid(targets: list[str]) -> frozenset[str]:
+            node = pick(targets)
+            cards: list[dict[str, Any]] = [{"memoryMiB": CARD} for _ in range(CARDS)]
+            cards[rng.randrange(CARDS)]["xid"] = 79  # fallen off the bus: Unhealthy
+            node.cards.write_text(yaml.safe_dump({"cards": cards}))
+            return frozenset({node.name})
+
+        async def delete_node(targets: list[str]) -> frozenset[str]:
+            node = pick(targets)
             node.plugin.stop()
             node.kubelet.stop()
             gone_nodes.add(node.name)
@@ -221,43 +366,76 @@ async def test_a_burst_through_crashes_restarts_and_deletions_keeps_every_invari
                     )
                 )
             )
+            return frozenset({node.name})
 
         async def faults() -> None:
-            await asyncio.sleep(2)
-            await kill_leader()
-            await asyncio.sleep(2)
-            restarting.append(time.time())
-            await asyncio.to_thread(plane.restart_apiserver)
-            restarting.append(time.time())
-            await asyncio.sleep(2)
-            for node in nodes[3:5]:
-                node.plugin.kill()
-                node.plugin.start(wait_registered=False)
-            for node in nodes[5:7]:
-                await asyncio.to_thread(node.kubelet.restart)
-            await kill_leader()
-            await asyncio.sleep(2)
-            await delete_node(nodes[9])
-            await asyncio.sleep(1)
-            await kill_leader()
+            mix: list[tuple[str, Callable[[list[str]], Awaitable[frozenset[str] | None]], bool]]
+            mix = [
+                ("leader killed", kill_leader, False),
+                ("leader killed", kill_leader, False),
+                ("leader paused past its Lease", split_brain, False),
+                ("apiserver restarted", restart_apiserver, True),
+                ("etcd stopped", stop_etcd, True),
+                ("etcd slowed", slow_etcd, True),
+                ("plugin restarted", restart_plugin, True),
+                ("plugin restarted", restart_plugin, True),
+                ("kubelet restarted", restart_kubelet, True),
+                ("kubelet restarted", restart_kubelet, True),
+                ("XID 79", xid, True),
+                ("node deleted", delete_node, True),
+            ]
+            rng.shuffle(mix)
+            wave = PODS // (len(mix) + 1)
+            try:
+                for name, action, refusals in mix:
+                    creating = asyncio.create_task(create(wave))
+                    await fire(name, action, causes_refusals=refusals)
+                    await creating
+            finally:
+                faults_done.set()
+            await create(max(0, PODS - len(created)))
 
-        await asyncio.gather(burst(), faults(), delete_while_binding())
+        async def delete_while_binding() -> None:
+            """The newest pod, most likely still being placed or bound, is deleted."""
+            while not faults_done.is_set():
+                await asyncio.sleep(rng.uniform(0.5, 2.0))
+                fresh = [n for n in created[-5:] if n not in deleted]
+                if not fresh:
+                    continue
+                deleted.add(fresh[-1])
+                await retrying(
+                    lambda n=fresh[-1]: raw_json(  # type: ignore[misc]
+                        core.delete_namespaced_pod(
+                            n, "default", grace_period_seconds=0, _preload_content=False
+                        )
+                    ),
+                    missing_ok=True,
+                )
+
+        await asyncio.gather(faults(), delete_while_binding())
         await settle(core, operators, deadline_s=240, gone_nodes=gone_nodes)
-        await check_invariants(core, api, nodes, operators, gone_nodes=gone_nodes, deleted=deleted)
+        await check_invariants(
+            core, api, nodes, operators, fired=fired, gone_nodes=gone_nodes, deleted=deleted
+        )
+        await check_one_leader(api, operators)
         # Every right a component uses is in its role. The one time a refusal is expected: an
         # apiserver starting answers before its RBAC caches are filled (forbidden for a
         # moment, with "clusterrole ... not found"), so refusals while it restarts are not
         # counted.
-        started, ready = restarting
+        restarts = [f for f in fired if f.name == "apiserver restarted"]
         for process in [*operators, *(node.plugin for node in nodes)]:
             refused = [
                 event
                 for event in process.log_events()
                 if "is forbidden" in json.dumps(event)
-                and not started <= stamp(event) <= ready + RBAC_WARM_UP_S
+                and not any(
+                    f.start <= stamp(event["timestamp"]) <= f.end + RBAC_WARM_UP_S for f in restarts
+                )
             ]
-            assert not refused, f"{process.name} refused: {refused[:3]}"
+            assert not refused, f"seed {SEED}: {process.name} refused: {refused[:3]}"
     finally:
+        for pid in paused:
+            os.kill(pid, signal.SIGCONT)
         for operator in operators:
             operator.stop()
         for node in nodes:
@@ -269,9 +447,22 @@ async def test_a_burst_through_crashes_restarts_and_deletions_keeps_every_invari
 RBAC_WARM_UP_S = 10.0
 
 
-def stamp(event: dict[str, Any]) -> float:
-    """A log line's time (unix seconds)."""
-    return datetime.datetime.fromisoformat(str(event.get("timestamp"))).timestamp()
+async def list_pods(
+    core: client.CoreV1Api, *, field: str = "", label: str = "", limit: int | None = None
+) -> list[dict[str, Any]]:
+    extra: dict[str, Any] = {"limit": limit} if limit else {}
+    items = await retrying(
+        lambda: raw_json(
+            core.list_namespaced_pod(
+                "default",
+                field_selector=field,
+                label_selector=label,
+                _preload_content=False,
+                **extra,
+            )
+        )
+    )
+    return cast(list[dict[str, Any]], items["items"])
 
 
 def waiting_reason(pod: dict[str, Any]) -> str | None:
@@ -294,9 +485,7 @@ async def settle(
     deadline = time.monotonic() + deadline_s
     unsettled: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
-        pods = (await raw_json(core.list_namespaced_pod("default", _preload_content=False)))[
-            "items"
-        ]
+        pods = await list_pods(core)
         for orphan in [p for p in pods if p["spec"].get("nodeName") in gone_nodes]:
             await retrying(
                 lambda name=orphan["metadata"]["name"]: raw_json(  # type: ignore[misc]
@@ -319,7 +508,7 @@ async def settle(
             return
         await asyncio.sleep(1)
     raise AssertionError(
-        f"{len(unsettled)} pods never settled:\n"
+        f"seed {SEED}: {len(unsettled)} pods never settled:\n"
         + "\n".join(pod_state(p, operators) for p in unsettled[:5])
     )
 
@@ -353,10 +542,117 @@ async def check_invariants(
     nodes: list[FakeNode],
     operators: list[OperatorProcess],
     *,
+    fired: list[Fired],
     gone_nodes: set[str],
     deleted: set[str],
 ) -> None:
-    pods = (await raw_json(core.list_namespaced_pod("default", _preload_content=False)))["items"]
+    pods = await list_pods(core)
+    check_started(pods, nodes, fired)
+    check_given(pods, nodes)
+    binds: Counter[str] = Counter()
+    for operator in operators:
+        binds.update(e["pod"] for e in operator.log_events() if e.get("event") == "pod_bound")
+    assert max(binds.values()) == 1, (SEED, binds.most_common(3))
+    await check_records(core, api, gone_nodes, deleted)
+
+
+def kubelet_lines(nodes: list[FakeNode], event: str) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Each pod uid's last `event` line of its kubelet, with the node."""
+    found: dict[str, tuple[str, dict[str, Any]]] = {}
+    for node in nodes:
+        for line in node.kubelet.log_events():
+            if line.get("event") == event:
+                found[str(line.get("uid"))] = (node.name, line)
+    return found
+
+
+def check_started(pods: list[dict[str, Any]], nodes: list[FakeNode], fired: list[Fired]) -> None:
+    """Each Running GPU pod was started with its grant's env; each refused one was refused
+    by its kubelet with a reason, within a fault fired on its node or on the cluster."""
+    started = kubelet_lines(nodes, "started")
+    rejected = kubelet_lines(nodes, "rejected")
+    unexplained = []
+    refusals = Counter[str]()
+    for pod in pods:
+        name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+        request = gpu_request(pod)
+        phase = pod["status"].get("phase")
+        if phase == "Failed":
+            assert pod["status"].get("reason") == "UnexpectedAdmissionError", (SEED, name)
+            assert uid in rejected, (SEED, name, "failed, but not refused by its kubelet")
+            node, line = rejected[uid]
+            at = stamp(line["time"])
+            causes = [
+                f.name
+                for f in fired
+                if f.causes_refusals
+                and f.start - 1 <= at <= f.end + REFUSAL_GRACE_S
+                and (f.nodes is None or node in f.nodes)
+            ]
+            if not causes:
+                unexplained.append((name, node, line["time"], line["message"]))
+            refusals.update(causes[-1:])
+            continue
+        if phase != "Running" or request.kind is None:
+            continue
+        assert uid in started, (SEED, name, "Running, but never started by its kubelet")
+        envs = started[uid][1]["envs"]
+        cards = parse_card_indices(
+            pod["metadata"]["annotations"][contract.GPU_INDEX], key="gpu-index", owner=name
+        )
+        shown = parse_card_indices(envs[contract.ENV_VISIBLE_DEVICES], key="env", owner=name)
+        if request.kind is GpuKind.MEMORY:
+            assert shown == cards, (SEED, name, shown, cards)
+            asked = kubelet_order(request)[0].amount * UNIT_MIB
+            assert envs[contract.ENV_GPU_ALLOCATED] == str(asked), (SEED, name, envs)
+        else:
+            assert set(shown) <= set(cards), (SEED, name, shown, cards)
+            assert len(shown) == kubelet_order(request)[0].amount, (SEED, name, shown)
+    print("kubelet refusals by fault:", dict(refusals))
+    assert not unexplained, (SEED, unexplained[:5])
+
+
+def check_given(pods: list[dict[str, Any]], nodes: list[FakeNode]) -> None:
+    """What the running containers were given, summed per card, fits the card; a card given
+    whole is given to one pod alone."""
+    started = kubelet_lines(nodes, "started")
+    shared: Counter[tuple[str, int]] = Counter()
+    whole: Counter[tuple[str, int]] = Counter()
+    for pod in pods:
+        uid = pod["metadata"]["uid"]
+        if pod["status"].get("phase") != "Running" or uid not in started:
+            continue
+        node, line = started[uid]
+        envs = line["envs"]
+        shown = parse_card_indices(envs[contract.ENV_VISIBLE_DEVICES], key="env", owner=uid)
+        if gpu_request(pod).kind is GpuKind.MEMORY:
+            shared[(node, shown[0])] += int(envs[contract.ENV_GPU_ALLOCATED])
+        else:
+            whole.update((node, card) for card in shown)
+    assert all(mib <= CARD for mib in shared.values()), (SEED, shared.most_common(3))
+    assert all(count == 1 for count in whole.values()), (SEED, whole.most_common(3))
+    assert not set(whole) & set(shared), (SEED, set(whole) & set(shared))
+
+
+async def check_records(
+    core: client.CoreV1Api, api: client.ApiClient, gone_nodes: set[str], deleted: set[str]
+) -> None:
+    """The placement records add up: valid `gpu-index`es within each card, GPUNode statuses
+    that say the same, no stale PodScheduled=False, and each pod left unbound is one the
+    model finds no room for (the operator retries a pod when room is freed: waited for)."""
+    deadline = time.monotonic() + 90
+    while True:
+        problems = await record_problems(core, api, gone_nodes, deleted)
+        if not problems or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(2)
+    assert not problems, (SEED, problems[:5])
+
+
+async def record_problems(
+    core: client.CoreV1Api, api: client.ApiClient, gone_nodes: set[str], deleted: set[str]
+) -> list[str]:
+    pods = await list_pods(core)
     node_bodies = (await raw_json(core.list_node(_preload_content=False)))["items"]
     resources = (
         await raw_json(
@@ -365,22 +661,7 @@ async def check_invariants(
             )
         )
     )["items"]
-    check_cards(pods, node_bodies, resources, gone_nodes)
-    check_envs(pods, nodes)
-    binds: Counter[str] = Counter()
-    for operator in operators:
-        binds.update(e["pod"] for e in operator.log_events() if e.get("event") == "pod_bound")
-    assert max(binds.values()) == 1, binds.most_common(3)
-    await check_outcomes(core, pods, deleted)
-
-
-def check_cards(
-    pods: list[dict[str, Any]],
-    node_bodies: list[dict[str, Any]],
-    resources: list[dict[str, Any]],
-    gone_nodes: set[str],
-) -> None:
-    """Every bound GPU pod has a valid gpu-index; no card is over capacity or shared whole."""
+    statuses = {r["metadata"]["name"]: r.get("status") or {} for r in resources}
     by_name = {r["metadata"]["name"]: r for r in resources}
     inventories: dict[str, NodeInventory] = {}
     ledger = Ledger()
@@ -389,70 +670,38 @@ def check_cards(
         assert inventory is not None
         inventories[inventory.node] = inventory
         ledger.set_node(inventory)
+    problems: list[str] = []
     for pod in pods:
+        name = pod["metadata"]["name"]
+        assert name not in deleted, (SEED, name, "deleted while binding, yet here")
         claim = claim_of(pod)
         if claim.allocation is None:
             continue
-        assert claim.allocation.node not in gone_nodes
+        assert claim.allocation.node not in gone_nodes, (SEED, name)
         check_allocation(claim.allocation, inventories[claim.allocation.node])
         ledger.add(claim.allocation)
+        if waiting_reason(pod):
+            problems.append(f"{name}: bound, yet PodScheduled=False ({waiting_reason(pod)})")
     for usage in ledger.nodes().values():
-        assert (usage.unattributed_memory, usage.unattributed_cards) == (0, 0)
+        assert (usage.unattributed_memory, usage.unattributed_cards) == (0, 0), SEED
+        shown = {c.get("index"): c for c in statuses.get(usage.inventory.node, {}).get("cards", [])}
         for card in usage.cards.values():
             where = (usage.inventory.node, card.card.index)
-            assert card.used <= card.card.memory, where
-            assert card.exclusive <= 1, where
-            assert not card.exclusive or len(card.pods) == 1, (where, card.pods)
-
-
-def check_envs(pods: list[dict[str, Any]], nodes: list[FakeNode]) -> None:
-    """Every served container's env names the card(s) of its pod's annotation."""
-    by_uid = {p["metadata"]["uid"]: p for p in pods}
-    served = 0
-    for node in nodes:
-        for line in node.kubelet.log_events():
-            pod = by_uid.get(line.get("uid", ""))
-            if line.get("event") != "started" or pod is None:
-                continue
-            request = gpu_request(pod)
-            if request.kind is None:
-                continue
-            name = pod["metadata"]["name"]
-            cards = parse_card_indices(
-                pod["metadata"]["annotations"][contract.GPU_INDEX], key="gpu-index", owner=name
-            )
-            shown = parse_card_indices(
-                line["envs"][contract.ENV_VISIBLE_DEVICES], key="env", owner=name
-            )
-            if request.kind is GpuKind.MEMORY:
-                assert shown == cards, (name, shown, cards)
-            else:
-                assert set(shown) <= set(cards), (name, shown, cards)
-                assert len(shown) == kubelet_order(request)[0].amount, (name, shown)
-            served += 1
-    assert served >= PODS // 2
-
-
-async def check_outcomes(
-    core: client.CoreV1Api, pods: list[dict[str, Any]], deleted: set[str]
-) -> None:
-    """Bound and served (or refused by the kubelet with its reason), or Unschedulable with a
-    FailedScheduling event; the pods deleted mid-binding are gone."""
-    unschedulable = too_big = 0
+            assert card.used <= card.card.memory, (SEED, where)
+            assert card.exclusive <= 1, (SEED, where)
+            assert not card.exclusive or len(card.pods) == 1, (SEED, where, card.pods)
+            status = shown.get(card.card.index) or {}
+            pods_there = sorted(str(p) for p in card.pods.values())
+            if status.get("pods") != pods_there or status.get("healthy") != card.card.healthy:
+                problems.append(f"GPUNode {where}: status {status} != record {pods_there}")
     for pod in pods:
-        name = pod["metadata"]["name"]
-        assert name not in deleted
-        limits = pod["spec"]["containers"][0]["resources"]["limits"]
-        too_big += limits.get(contract.GPU_MEMORY) == TOO_BIG
         if pod["spec"].get("nodeName"):
-            phase = pod["status"].get("phase")
-            if phase == "Failed":  # refused at admission: the kubelet says why
-                assert pod["status"].get("reason") == "UnexpectedAdmissionError", name
-                assert pod["status"].get("message"), name
-            else:
-                assert phase == "Running", (name, phase)
             continue
-        assert waiting_reason(pod), name
+        name = pod["metadata"]["name"]
+        if not waiting_reason(pod):
+            problems.append(f"{name}: unbound without PodScheduled=False")
+        elif find_placement(ledger, gpu_request(pod)) is not None:
+            problems.append(f"{name}: Unschedulable, yet the model finds it room")
         events = (
             await raw_json(
                 core.list_namespaced_event(
@@ -460,6 +709,20 @@ async def check_outcomes(
                 )
             )
         )["items"]
-        assert any(e["reason"] == "FailedScheduling" for e in events), name
-        unschedulable += 1
-    assert unschedulable >= too_big > 0
+        if not any(e["reason"] == "FailedScheduling" for e in events):
+            problems.append(f"{name}: Unschedulable without a FailedScheduling event")
+    return problems
+
+
+async def check_one_leader(api: client.ApiClient, operators: list[OperatorProcess]) -> None:
+    """Exactly one operator leads, and the Lease names it."""
+    leading = [o for o in operators if leading_since(o) is not None]
+    lease = await raw_json(
+        client.CoordinationV1Api(api).read_namespaced_lease(
+            "gpushare-scheduler",
+            "gpushare-system",
+            _preload_content=False,
+        )
+    )
+    assert len(leading) == 1, (SEED, [o.name for o in leading])
+    assert lease["spec"]["holderIdentity"] == leading[0].identity, (SEED, lease["spec"])

@@ -1,0 +1,114 @@
+"""The decision loop's binds, with scripted apiserver answers: a bind cut short by a lost
+leadership leaves its pod queued and its card free; no Binding is sent while this replica's
+Lease is stale."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from builders import capacity_node, gpu_pod
+
+from gpushare.model import CardIndex, NodeName, PodRef
+from gpushare_operator.config import OperatorConfig
+from gpushare_operator.intake import Intake
+from gpushare_operator.metrics import SchedulerMetrics
+from gpushare_operator.reporting import Reporter
+from gpushare_operator.scheduler import Scheduler
+from gpushare_operator.scheduling.cache import SchedulerCache
+from gpushare_operator.scheduling.gangs import GangBook
+from gpushare_operator.scheduling.podinfo import PodInfo
+from gpushare_operator.scheduling.queue import SchedulingQueue
+
+pytestmark = pytest.mark.asyncio
+
+CONFIG = OperatorConfig(scheduler_names=frozenset({"volcano"}), backoff_initial_s=5)
+
+
+class Api:
+    """Binds that never get an answer (the apiserver gone quiet); each one recorded."""
+
+    def __init__(self) -> None:
+        self.binds: list[str] = []
+        self.sent = asyncio.Event()
+
+    async def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> None:
+        self.binds.append(pod.name)
+        self.sent.set()
+        await asyncio.Event().wait()
+
+
+def loop(may_write: bool = True) -> tuple[Scheduler, Intake, Api, list[float]]:
+    config = lambda: CONFIG  # noqa: E731
+    now = [100.0]
+    api = Api()
+    intake = Intake(
+        cache=SchedulerCache(config=config, clock=lambda: 1000.0),
+        queue=SchedulingQueue(config=config, clock=lambda: now[0]),
+        gangs=GangBook(),
+        reporter=Reporter(api=None),  # type: ignore[arg-type]  # forget() makes no call
+    )
+    node = capacity_node("n", 20000, 2)
+    node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    node["status"]["allocatable"] = {**node["status"]["capacity"], "pods": "110"}
+    node["metadata"]["resourceVersion"] = "1"
+    intake.node_event("ADDED", node)
+    scheduler = Scheduler(
+        cache=intake.cache,
+        queue=intake.queue,
+        gangs=intake.gangs,
+        api=api,  # type: ignore[arg-type]  # binds are all it makes here
+        reporter=Reporter(api=api),  # type: ignore[arg-type]
+        metrics=SchedulerMetrics(),
+        config=config,
+        findings=asyncio.Queue(),
+        may_write=lambda: may_write,
+    )
+    return scheduler, intake, api, now
+
+
+def pending(name: str) -> PodInfo:
+    body: dict[str, Any] = gpu_pod(name, 6000, uid=name)
+    body["metadata"]["resourceVersion"] = "10"
+    return PodInfo.parse(body)
+
+
+def held(intake: Intake) -> int:
+    usage = intake.cache.ledger.node(NodeName("n"))
+    assert usage is not None
+    return sum(usage.cards[CardIndex(c)].used for c in (0, 1))
+
+
+async def test_a_bind_cut_short_by_a_lost_leadership_leaves_the_pod_queued_and_its_card_free() -> (
+    None
+):
+    scheduler, intake, api, now = loop()
+    intake.pod_event("ADDED", pending("a"))
+    running = asyncio.create_task(scheduler.run())
+    await asyncio.wait_for(api.sent.wait(), 5)
+    assert held(intake) == 6000  # assumed while the bind is out
+    running.cancel()  # the leadership is lost: the leader's tasks are cancelled
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert held(intake) == 0
+    assert intake.queue.pop_ready() is None  # backing off...
+    now[0] += CONFIG.backoff_initial_s
+    assert intake.queue.pop_ready() == "a"  # ...then decided again by the next leadership
+
+
+async def test_no_binding_is_sent_while_the_lease_is_stale() -> None:
+    scheduler, intake, api, now = loop(may_write=False)
+    intake.pod_event("ADDED", pending("a"))
+    running = asyncio.create_task(scheduler.run())
+    for _ in range(100):
+        await asyncio.sleep(0)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert api.binds == []
+    assert held(intake) == 0
+    assert intake.queue.pop_ready() is None  # decided, not sent: backing off...
+    now[0] += CONFIG.backoff_initial_s
+    assert intake.queue.pop_ready() == "a"  # ...to be decided again
