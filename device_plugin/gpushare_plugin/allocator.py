@@ -187,6 +187,7 @@ class Allocator:
                 for grant in grants:
                     if grant.last:
                         await self._mark_assigned(grant)
+                self._pods.answered(before)
                 return grants
             except _PodGone as gone:
                 self._pods.unserve(before)

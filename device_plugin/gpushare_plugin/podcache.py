@@ -25,6 +25,9 @@ class PodCache:
         self._pods: dict[PodUid, BoundPod] = {}
         self.served: dict[PodUid, int] = {}
         """GPU containers of each pod this plugin has answered (kubelet order)."""
+        self._writing: set[PodUid] = set()
+        """Pods served by an Allocate whose gpu-assigned write is still out: the kubelet has
+        not had that grant yet, so no pod it admits meanwhile can have started with it."""
         self.reopened: set[PodUid] = set()
         """Pods served whose grant the kubelet gave another (`swapped_with`): to serve again."""
         self.adopted: asyncio.Queue[BoundPod] = asyncio.Queue()
@@ -100,7 +103,8 @@ class PodCache:
             return
         if not reopened and (uid in self.served or uid in (self._before_start or ())):
             return
-        partner = swapped_with(pod, self._pods.values(), self.served)
+        answered = {uid: n for uid, n in self.served.items() if uid not in self._writing}
+        partner = swapped_with(pod, self._pods.values(), answered)
         if reopened:
             self.served_again(uid)  # whoever took its own grant is served for good
         if pod.request is not None:
@@ -119,14 +123,21 @@ class PodCache:
         )
 
     def serve(self, counts: Mapping[PodUid, int]) -> dict[PodUid, int | None]:
-        """Record the GPU containers served of each pod; what the record said before."""
+        """Record the GPU containers served of each pod, their writes still out (`answered`
+        once done); what the record said before."""
         before = {uid: self.served.get(uid) for uid in counts}
         self.served.update(counts)
+        self._writing.update(counts)
         return before
+
+    def answered(self, uids: Iterable[PodUid]) -> None:
+        """The kubelet has the grants `serve` recorded for these pods."""
+        self._writing.difference_update(uids)
 
     def unserve(self, before: Mapping[PodUid, int | None]) -> None:
         """Undo `serve` (the kubelet got no grant from that call). A pod admitted meanwhile
         was started with a grant served earlier under another's name: the record follows it."""
+        self._writing.difference_update(before)
         for uid, count in before.items():
             if count is None:
                 self.served.pop(uid, None)

@@ -55,9 +55,11 @@ class Api:
         return None
 
 
-def pod(name: str, at: int, *, card: str, admitted: bool = False) -> Any:
+def pod(name: str, at: int, *, card: str, admitted: bool = False, assigned: bool = False) -> Any:
     body = gpu_pod(name, UNITS, node="n", index=card, uid=name)
     body["metadata"]["annotations"][contract.PREDICATE_TIME] = str(at)
+    if assigned:
+        body["metadata"]["annotations"][contract.GPU_ASSIGNED] = "true"
     if admitted:
         body["status"]["containerStatuses"] = [{"name": "cuda-container"}]
     return bound_pod(body)
@@ -153,3 +155,26 @@ async def test_a_pod_deleted_while_its_grant_is_written_does_not_fail_its_neighb
     await api.answers.put(ApiError(404, 'pods "a" not found'))
     assert await allocate(allocator, api) == ("b", "0")
     assert api.marked == ["b"]
+
+
+@pytest.mark.asyncio
+async def test_a_pod_admitted_with_an_answered_grant_never_takes_one_still_being_written(
+    tmp_path: Path,
+) -> None:
+    allocator, cache, api = plugin(tmp_path, pod("b", 2, card="0"), pod("c", 3, card="0"))
+    # The kubelet starts "c"; the plugin serves the oldest it knows, "b".
+    assert await allocate(allocator, api) == ("b", "0")
+    # "a", bound before "b", reaches the watch cache late; the kubelet's next call (for "b")
+    # is served as "a", and while that write is out, "c" is admitted with "b"'s grant.
+    cache._apply("ADDED", pod("a", 1, card="0"))
+    call = asyncio.create_task(allocator.allocate(GpuKind.MEMORY, [UNITS]))
+    await api.writing.wait()
+    cache._apply("MODIFIED", pod("c", 3, card="0", admitted=True))
+    await api.answers.put(None)
+    (grant,) = await call
+    assert grant.pod.name == "a"
+    cache._apply("MODIFIED", pod("a", 1, card="0", assigned=True))  # the write, watched
+    # The kubelet has served "b" (under "a"'s name) and "c" (under "b"'s): "a" is the one
+    # still to come, and gets card 0, not card 1 where a pod of its size was bound since.
+    cache._apply("ADDED", pod("d", 4, card="1"))
+    assert await allocate(allocator, api) == ("b", "0")

@@ -1,0 +1,110 @@
+"""What people see of the scheduler's refusals, with scripted apiserver answers: one
+FailedScheduling Event per pod, its count raised as the diagnosis changes; nothing said of a pod
+that changed meanwhile; a refused or busy write reported again, never lost in silence."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpushare.kube import ApiError
+from gpushare.model import PodRef, PodUid
+from gpushare_operator.reporting import FAILED_SCHEDULING, Reporter
+
+pytestmark = pytest.mark.asyncio
+
+POD = PodRef(namespace="team-a", name="train", uid=PodUid("u1"))
+
+
+class Api:
+    """Records each write; `answers` scripts the errors the next writes get, in order."""
+
+    def __init__(self, *answers: ApiError | None) -> None:
+        self.answers: Iterator[ApiError | None] = iter(answers)
+        self.writes: list[tuple[str, Any]] = []
+        self.wrote = asyncio.Event()
+
+    def _answer(self, what: str, detail: Any) -> None:
+        self.writes.append((what, detail))
+        self.wrote.set()
+        error = next(self.answers, None)
+        if error is not None:
+            raise error
+
+    async def set_unschedulable(
+        self, pod: PodRef, reason: str, message: str, *_: Any, **__: Any
+    ) -> None:
+        self._answer("condition", message)
+
+    async def post_event(self, pod: PodRef, *, event_type: str, reason: str, message: str) -> str:
+        self._answer("event", (reason, message))
+        return f"{pod.name}.1"
+
+    async def repeat_event(self, namespace: str, name: str, *, message: str, count: int) -> None:
+        self._answer("repeat", (name, message, count))
+
+
+async def reported(api: Api, *reports: tuple[str, int, int]) -> list[tuple[str, Any]]:
+    """Run the reporter over `reports` (message, resourceVersion, the writes made by then),
+    one after the other."""
+    reporter = Reporter(api)  # type: ignore[arg-type]  # its four writes are all it makes
+    running = asyncio.create_task(reporter.run())
+    try:
+        for message, version, writes in reports:
+            reporter.unschedulable(POD, message, version, already=False)
+            async with asyncio.timeout(5):
+                while len(api.writes) < writes:
+                    api.wrote.clear()
+                    await api.wrote.wait()
+            for _ in range(20):  # let the worker finish the report
+                await asyncio.sleep(0)
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+    return api.writes
+
+
+async def test_a_changed_diagnosis_raises_the_count_of_the_one_event() -> None:
+    writes = await reported(Api(), ("no room", 1, 2), ("still no room", 2, 4))
+    assert writes == [
+        ("condition", "no room"),
+        ("event", (FAILED_SCHEDULING, "no room")),
+        ("condition", "still no room"),
+        ("repeat", ("train.1", "still no room", 2)),
+    ]
+
+
+async def test_an_event_gone_from_the_apiserver_is_posted_again() -> None:
+    gone = ApiError(404, 'events "train.1" not found')
+    writes = await reported(Api(None, None, None, gone), ("no room", 1, 2), ("still no room", 2, 5))
+    assert writes[-2:] == [
+        ("repeat", ("train.1", "still no room", 2)),
+        ("event", (FAILED_SCHEDULING, "still no room")),
+    ]
+
+
+async def test_a_pod_that_changed_since_the_decision_is_not_called_unschedulable() -> None:
+    # 409: bound meanwhile. No Event; the same message, on a later refusal, is reported.
+    changed = ApiError(409, "the object has been modified")
+    writes = await reported(Api(changed), ("no room", 1, 1), ("no room", 3, 3))
+    assert writes == [
+        ("condition", "no room"),
+        ("condition", "no room"),
+        ("event", (FAILED_SCHEDULING, "no room")),
+    ]
+
+
+async def test_a_busy_apiserver_is_waited_for_and_a_refusal_reported_again_later() -> None:
+    busy = ApiError(429, "too many requests", retry_after_s=0)
+    refused = ApiError(403, 'events is forbidden: User "system:serviceaccount:x" cannot create')
+    writes = await reported(Api(busy, None, refused), ("no room", 1, 3), ("no room", 2, 5))
+    assert writes == [
+        ("condition", "no room"),  # 429: tried again
+        ("condition", "no room"),
+        ("event", (FAILED_SCHEDULING, "no room")),  # 403: logged; not remembered as said
+        ("condition", "no room"),
+        ("event", (FAILED_SCHEDULING, "no room")),
+    ]
