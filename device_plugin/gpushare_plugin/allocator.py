@@ -2,9 +2,12 @@
 
 The decision (which pod, which container, which card, which env) is
 `gpushare.model.allocation.match_container`. Here: wait for the watch cache when the pod is
-not in it yet, record the containers served, and mark the pod `gpu-assigned` once its last GPU
-container is served, with a resourceVersion precondition (re-read and retried on conflict, so
-a concurrent label change does not fail a start, while a deleted pod does).
+not in it yet, and record the containers served. Allocate writes nothing: `gpu-assigned` is
+set once the kubelet is seen to have admitted the pod (`mark_started`), since only then is it
+known which pod a grant went to (the call names device ids, not the pod). Until then the
+operator keeps pods of the same request on the pod's card (the exactness rule), so whichever
+of them the kubelet starts with a grant, the grant names its card; and a start never waits on
+the apiserver.
 """
 
 from __future__ import annotations
@@ -17,8 +20,7 @@ from dataclasses import dataclass
 
 from gpushare import logs
 from gpushare.kube import ApiError
-from gpushare.kube.retry import WRITE, retry, transient, wait_s
-from gpushare.model import contract
+from gpushare.kube.retry import WRITE, retry
 from gpushare.model.allocation import (
     ContainerGrant,
     NoCandidate,
@@ -26,25 +28,17 @@ from gpushare.model.allocation import (
     preferred_device_ids,
     unplaced_pods,
 )
-from gpushare.model.bound import bound_pod
 from gpushare.model.device_list import DeviceListing
 from gpushare.model.limits import LimitSettings
 from gpushare.model.request import GpuKind
-from gpushare.model.usage import PodRef, PodUid
+from gpushare.model.usage import PodUid
 from gpushare_plugin.devices import DeviceTable
 from gpushare_plugin.kubeapi import PluginApi
 from gpushare_plugin.metrics import PluginMetrics
 from gpushare_plugin.podcache import PodCache
 
-_CONFLICT_ATTEMPTS = 3
-_GONE_ATTEMPTS = 3
-
-
-class _PodGone(NoCandidate):
-    def __init__(self, pod: PodRef) -> None:
-        super().__init__(f"pod {pod} was deleted while its containers started")
-        self.uid = pod.uid
-
+MARK_AGAIN_S = 2.0
+"""The wait before a gpu-assigned write the apiserver did not take is tried again."""
 
 BYPASS_WAIT_S = 0.3
 """The watch's grace when the pod being started is most likely one no scheduler placed: its
@@ -129,8 +123,9 @@ class Allocator:
         result = "error"
         try:
             async with self._lock:
-                grants = await self._serve(kind, counts)
+                grants = await self._match_waiting(kind, counts)
                 for grant in grants:
+                    self._pods.served[grant.pod.uid] = grant.position + 1
                     if grant.pod.uid in self._pods.reopened and grant.last:
                         self._pods.served_again(grant.pod.uid)
                     self.granted[(grant.pod.uid, grant.container)] = grant
@@ -153,7 +148,7 @@ class Allocator:
                     container=grant.container,
                     card=",".join(str(c.index) for c in grant.cards),
                     env=grant.env,
-                    assigned=grant.last,
+                    last=grant.last,
                 )
             result = "ok"
             return grants
@@ -171,98 +166,31 @@ class Allocator:
             self._metrics.allocations.labels(kind.value, result).inc()
             self._metrics.allocate_latency.labels(kind.value).observe(time.perf_counter() - started)
 
-    async def _serve(self, kind: GpuKind, counts: Sequence[int]) -> list[ContainerGrant]:
-        """Match, record and mark. A pod matched but deleted meanwhile is dropped and the
-        call matched again: the call may be for a neighbour of the same request, which must
-        not fail for it."""
-        attempt = 0
-        while True:
-            attempt += 1
-            grants = await self._match_waiting(kind, counts)
-            # Recorded before the writes: the kubelet may admit a pod while they are in
-            # flight (with this call's grant or an earlier one), and a pod admitted that the
-            # record shows unserved is taken for one started with another's grant.
-            before = self._pods.serve({g.pod.uid: g.position + 1 for g in grants})
-            try:
-                for grant in grants:
-                    if grant.last:
-                        await self._mark_assigned(grant)
-                self._pods.answered(before)
-                return grants
-            except _PodGone as gone:
-                self._pods.unserve(before)
-                self._pods.forget(gone.uid)
-                if attempt == _GONE_ATTEMPTS:
-                    raise
-            except BaseException:  # refused, or the call cancelled: the kubelet got nothing
-                self._pods.unserve(before)
-                raise
+    async def mark_started(self, workers: int = 4) -> None:
+        """Mark `gpu-assigned` on each pod the kubelet admitted (`PodCache.to_mark`), so the
+        operator stops keeping its request on its card; for ever. A write the apiserver does
+        not take now is queued again: a start is never forgotten."""
 
-    async def _mark_assigned(self, grant: ContainerGrant) -> None:
-        """Not `retry`: two budgets in one loop. A write with no answer, or a busy one, waits
-        and is tried again (`retry.WRITE`, one budget for the whole call); a conflict re-reads
-        the pod and writes again at once, with the new resourceVersion (a budget of its own)."""
-        version = grant.resource_version
-        delays = WRITE.delays()
-        conflicts = 0
-        while True:
-            try:
-                await self._api.mark_assigned(grant.pod, version)
-                return
-            except (ApiError, OSError, TimeoutError) as error:
-                if isinstance(error, ApiError) and error.status == 409:
-                    failure = None
-                elif isinstance(error, ApiError) and error.status == 404:
-                    raise _PodGone(grant.pod) from error
-                elif transient(error):
-                    # The apiserver restarting or busy: the decision stands, the write waits.
-                    delay = next(delays, None)
-                    if delay is None:
-                        raise NoCandidate(
-                            f"pod {grant.pod}: the apiserver did not take the write ({error}); "
-                            f"could not set {contract.GPU_ASSIGNED}"
-                        ) from error
-                    failure = wait_s(delay, error)
-                else:
-                    raise NoCandidate(
-                        f"pod {grant.pod}: could not set {contract.GPU_ASSIGNED} ({error}); "
-                        f"the kubelet will retry the start"
-                    ) from error
-            if failure is not None:
-                await asyncio.sleep(failure)
-                continue
-            body = await self._api.read_pod(grant.pod)
-            current = bound_pod(body) if body is not None else None
-            if current is None or current.ref.uid != grant.pod.uid or not current.active:
-                raise _PodGone(grant.pod)
-            if current.gpu_index != self._pods_index(grant.pod.uid):
-                raise NoCandidate(
-                    f"pod {grant.pod}: {contract.GPU_INDEX} changed while its containers "
-                    f"started; refusing to guess a card"
-                )
-            version = current.resource_version
-            conflicts += 1
-            if conflicts >= _CONFLICT_ATTEMPTS:
-                raise NoCandidate(
-                    f"pod {grant.pod} kept changing; could not set {contract.GPU_ASSIGNED}"
-                )
+        async def work() -> None:
+            while True:
+                pod = await self._pods.to_mark.get()
+                try:
+                    # Its uid the precondition, not its resourceVersion: the kubelet is
+                    # writing its status meanwhile, and the one annotation changes nothing else.
+                    await retry(functools.partial(self._api.mark_assigned, pod.ref), WRITE)
+                    self._log.info("pod_marked_assigned", pod=str(pod.ref))
+                except (ApiError, OSError, TimeoutError) as error:
+                    gone = isinstance(error, ApiError) and error.status in (404, 409)
+                    self._log.warning(
+                        "mark_assigned_failed", pod=str(pod.ref), error=str(error), retry=not gone
+                    )
+                    if not gone:
+                        await asyncio.sleep(MARK_AGAIN_S)
+                        self._pods.to_mark.put_nowait(pod)
 
-    async def mark_adopted(self) -> None:
-        """Mark `gpu-assigned` on each pod that took over a grant served under another's
-        name (`PodCache.adopted`), so the operator stops waiting for it; for ever."""
-        while True:
-            pod = await self._pods.adopted.get()
-            ref = pod.ref
-            try:
-                # Its uid the precondition, not its resourceVersion: the kubelet is writing
-                # its status meanwhile, and the one annotation changes nothing else.
-                await retry(functools.partial(self._api.mark_assigned, ref, None), WRITE)
-            except (ApiError, OSError, TimeoutError) as error:
-                self._log.warning("mark_adopted_failed", pod=str(ref), error=str(error))
-
-    def _pods_index(self, uid: PodUid) -> str | None:
-        cached = self._pods.get(uid)
-        return cached.gpu_index if cached else None
+        async with asyncio.TaskGroup() as group:
+            for _ in range(workers):
+                group.create_task(work())
 
     async def preferred(
         self, kind: GpuKind, requests: Sequence[PreferredRequest]

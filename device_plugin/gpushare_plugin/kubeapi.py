@@ -2,7 +2,7 @@
 
 Reads: the pods bound to this node (one LIST, then a WATCH: never a LIST per Allocate) and the
 Node itself (its UID, for the inventory's owner reference). Writes: `gpu-assigned` on a
-pod (a patch with a resourceVersion precondition), the GPUNode inventory spec, and the
+pod the kubelet admitted (a patch with a UID precondition), the GPUNode inventory spec, and the
 node's `volcano.sh/gpu-unhealthy-ids` annotation. Responses are read raw (see gpushare.kube).
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from gpushare.kube import ApiError, raw_json, read_pod
+from gpushare.kube import ApiError, raw_json
 from gpushare.kube.reflector import ListCall
 from gpushare.model import contract
 from gpushare.model.usage import PodRef
@@ -34,15 +34,12 @@ class PluginApi:
             self._core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}"
         )
 
-    async def mark_assigned(self, pod: PodRef, resource_version: str | None) -> None:
-        """Set `gpu-assigned: "true"` on the pod `pod.uid` names; 409 when it changed since
-        `resource_version` (None: whatever changed since)."""
+    async def mark_assigned(self, pod: PodRef) -> None:
+        """Set `gpu-assigned: "true"` on the pod `pod.uid` names (409 when it was replaced)."""
         metadata: dict[str, Any] = {
             "uid": pod.uid,
             "annotations": {contract.GPU_ASSIGNED: contract.GPU_ASSIGNED_TRUE},
         }
-        if resource_version is not None:
-            metadata["resourceVersion"] = resource_version
         patch = {"metadata": metadata}
         await raw_json(
             self._core.patch_namespaced_pod(
@@ -53,9 +50,6 @@ class PluginApi:
                 _request_timeout=self._timeout,
             )
         )
-
-    async def read_pod(self, pod: PodRef) -> dict[str, Any] | None:
-        return await read_pod(self._core, pod.name, pod.namespace, pod.uid, timeout_s=self._timeout)
 
     async def read_node(self, name: str) -> dict[str, Any]:
         return await raw_json(

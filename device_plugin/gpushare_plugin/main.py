@@ -127,7 +127,7 @@ async def run(config: PluginConfig, stop: asyncio.Event) -> int:
                 stop,
                 serving=supervisor.run(stop),
                 watching=pods.run(),
-                adopting=allocator.mark_adopted(),
+                marking=allocator.mark_started(),
                 heartbeat=keep_beating(publisher, config.heartbeat_s),
                 usage=meter.run(config.usage_interval_s),
                 health=watch_health(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from gpushare import logs
 from gpushare.kube.reflector import DELETED, Reflector
@@ -25,16 +25,10 @@ class PodCache:
         self._pods: dict[PodUid, BoundPod] = {}
         self.served: dict[PodUid, int] = {}
         """GPU containers of each pod this plugin has answered (kubelet order)."""
-        self._writing: set[PodUid] = set()
-        """Pods served by an Allocate whose gpu-assigned write is still out: the kubelet has
-        not had that grant yet, so no pod it admits meanwhile can have started with it."""
         self.reopened: set[PodUid] = set()
         """Pods served whose grant the kubelet gave another (`swapped_with`): to serve again."""
-        self.adopted: asyncio.Queue[BoundPod] = asyncio.Queue()
-        """Pods that took over a grant, to mark gpu-assigned (the allocator does) once the pod
-        whose grant they took is served again: till then the operator waits for them, so pods
-        of their request stay on their card (the exactness rule)."""
-        self._adopted_by: dict[PodUid, BoundPod] = {}
+        self.to_mark: asyncio.Queue[BoundPod] = asyncio.Queue()
+        """Pods the kubelet admitted, to mark gpu-assigned (the allocator does)."""
         self._before_start: set[str] | None = None
         """The pods of the first LIST: another instance of the plugin may have served them."""
         self._reflector = Reflector(
@@ -101,10 +95,12 @@ class PodCache:
         reopened = uid in self.reopened
         if not pod.active:  # refused by the kubelet (Failed), or finished: it took no grant
             return
+        placed = pod.gpu_index is not None and pod.request is not None
+        if placed and not pod.assigned and pod.request and pod.request.kind is not None:
+            self.to_mark.put_nowait(pod)  # a GPU pod started: it holds a grant now
         if not reopened and (uid in self.served or uid in (self._before_start or ())):
             return
-        answered = {uid: n for uid, n in self.served.items() if uid not in self._writing}
-        partner = swapped_with(pod, self._pods.values(), answered)
+        partner = swapped_with(pod, self._pods.values(), self.served)
         if reopened:
             self.served_again(uid)  # whoever took its own grant is served for good
         if pod.request is not None:
@@ -113,7 +109,6 @@ class PodCache:
             return
         self.served.pop(partner, None)
         self.reopened.add(partner)
-        self._adopted_by[partner] = pod
         self._log.info(
             "grant_taken_over",
             pod=str(pod.ref),
@@ -122,42 +117,6 @@ class PodCache:
             "is served again when the kubelet starts it",
         )
 
-    def serve(self, counts: Mapping[PodUid, int]) -> dict[PodUid, int | None]:
-        """Record the GPU containers served of each pod, their writes still out (`answered`
-        once done); what the record said before."""
-        before = {uid: self.served.get(uid) for uid in counts}
-        self.served.update(counts)
-        self._writing.update(counts)
-        return before
-
-    def answered(self, uids: Iterable[PodUid]) -> None:
-        """The kubelet has the grants `serve` recorded for these pods."""
-        self._writing.difference_update(uids)
-
-    def unserve(self, before: Mapping[PodUid, int | None]) -> None:
-        """Undo `serve` (the kubelet got no grant from that call). A pod admitted meanwhile
-        was started with a grant served earlier under another's name: the record follows it."""
-        self._writing.difference_update(before)
-        for uid, count in before.items():
-            if count is None:
-                self.served.pop(uid, None)
-            else:
-                self.served[uid] = count
-        for uid in before:
-            pod = self._pods.get(uid)
-            if pod is not None and pod.admitted:
-                self._admitted(pod)
-
-    def forget(self, uid: PodUid) -> None:
-        """Drop a pod the apiserver says is gone or going, before its watch event comes."""
-        pod = self._pods.get(uid)
-        if pod is not None:
-            self._apply(DELETED, pod)
-
     def served_again(self, uid: PodUid) -> None:
-        """A reopened pod was served again (or admitted, or is gone): the pod that took its
-        grant is served for good: to mark."""
+        """A reopened pod was served again (or admitted, or is gone)."""
         self.reopened.discard(uid)
-        adopted = self._adopted_by.pop(uid, None)
-        if adopted is not None:
-            self.adopted.put_nowait(adopted)

@@ -81,16 +81,23 @@ async def _create_fake_node(kubeconfig: Path, name: str) -> None:
 
 
 async def _wait_running(kubeconfig: Path, names: tuple[str, ...], timeout_s: float) -> None:
+    """Until the pods run and the device plugin, having seen them started, marked them."""
     async with await api_client(kubeconfig) as api:
         core = client.CoreV1Api(api)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             pods = await raw_json(core.list_namespaced_pod("default", _preload_content=False))
-            phases = {p["metadata"]["name"]: p["status"].get("phase") for p in pods["items"]}
-            if all(phases.get(name) == "Running" for name in names):
+            states = {
+                p["metadata"]["name"]: (
+                    p["status"].get("phase"),
+                    (p["metadata"].get("annotations") or {}).get(contract.GPU_ASSIGNED),
+                )
+                for p in pods["items"]
+            }
+            if all(states.get(name) == ("Running", "true") for name in names):
                 return
             await asyncio.sleep(0.3)
-        raise RuntimeError(f"the guide's pods are not Running after {timeout_s} s: {phases}")
+        raise RuntimeError(f"the guide's pods are not Running after {timeout_s} s: {states}")
 
 
 def install(node: RealNode, kubeconfig: Path) -> None:

@@ -1,10 +1,11 @@
-"""Allocate's record of what it served, with the kubelet admitting pods while the plugin's
-writes are in flight: every container is started with its own pod's card.
+"""Allocate's record of what it served and the gpu-assigned marks, with the kubelet starting
+pods in its own order: every container is started with its own pod's card.
 
 The kubelet's Allocate names device ids, not the pod; two pods of one request on one card get
 the same grant, so the plugin may serve one under the other's name and must then follow the
-kubelet (`PodCache._admitted`). These tests script the apiserver's answers and the watch
-events' timing that a 1,000-pod burst produced."""
+kubelet (`PodCache._admitted`), marking only pods it has seen admitted. These tests script the
+apiserver's answers and the watch events' order that a 1,000-pod burst with faults produced,
+and the kubelet's calls over the plugin's socket."""
 
 from __future__ import annotations
 
@@ -12,54 +13,49 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import yaml
 from builders import gpu_pod
 
 from gpushare.kube import ApiError
 from gpushare.model import contract
-from gpushare.model.allocation import NoCandidate
 from gpushare.model.bound import bound_pod
 from gpushare.model.device_list import DeviceListing
 from gpushare.model.request import GpuKind
 from gpushare.model.usage import PodRef
+from gpushare_plugin._proto.v1beta1 import api_pb2, api_pb2_grpc
 from gpushare_plugin.allocator import Allocator
 from gpushare_plugin.devices import DeviceTable
 from gpushare_plugin.discovery.fake import FakeDiscovery
 from gpushare_plugin.metrics import PluginMetrics
 from gpushare_plugin.podcache import PodCache
+from gpushare_plugin.server import DevicePluginServicer
 
 UNITS = 16
 
 
 class Api:
-    """The plugin's writes: each `mark_assigned` waits until the test lets it answer."""
+    """The plugin's one pod write; `answers` scripts the errors the next ones get."""
 
-    def __init__(self) -> None:
-        self.answers: asyncio.Queue[Exception | None] = asyncio.Queue()
-        self.writing = asyncio.Event()
+    def __init__(self, *answers: Exception) -> None:
+        self.answers = list(answers)
         self.marked: list[str] = []
+        self.wrote = asyncio.Event()
 
     def pod_lister(self, node: str) -> Any:
         return lambda **_: None
 
-    async def mark_assigned(self, pod: PodRef, resource_version: str | None) -> None:
-        self.writing.set()
-        answer = await self.answers.get()
-        self.writing.clear()
-        if answer is not None:
-            raise answer
+    async def mark_assigned(self, pod: PodRef) -> None:
+        if self.answers:
+            raise self.answers.pop(0)
         self.marked.append(pod.name)
-
-    async def read_pod(self, pod: PodRef) -> dict[str, Any] | None:
-        return None
+        self.wrote.set()
 
 
-def pod(name: str, at: int, *, card: str, admitted: bool = False, assigned: bool = False) -> Any:
+def pod(name: str, at: int, *, card: str, admitted: bool = False) -> Any:
     body = gpu_pod(name, UNITS, node="n", index=card, uid=name)
     body["metadata"]["annotations"][contract.PREDICATE_TIME] = str(at)
-    if assigned:
-        body["metadata"]["annotations"][contract.GPU_ASSIGNED] = "true"
     if admitted:
         body["status"]["containerStatuses"] = [{"name": "cuda-container"}]
     return bound_pod(body)
@@ -88,93 +84,111 @@ def plugin(tmp_path: Path, *pods: Any) -> tuple[Allocator, PodCache, Api]:
     return allocator, cache, api
 
 
-async def allocate(allocator: Allocator, api: Api) -> tuple[str, str]:
-    """One call whose write the apiserver takes: (pod served, card told)."""
-    await api.answers.put(None)
+async def allocate(allocator: Allocator) -> tuple[str, str]:
+    """One call of the kubelet: (pod served, card told)."""
     (grant,) = await allocator.allocate(GpuKind.MEMORY, [UNITS])
     return grant.pod.name, grant.env["NVIDIA_VISIBLE_DEVICES"]
 
 
+async def marked(allocator: Allocator, api: Api, count: int) -> list[str]:
+    """What the marker wrote once `count` pods are marked."""
+    marking = asyncio.create_task(allocator.mark_started())
+    try:
+        async with asyncio.timeout(10):
+            while len(api.marked) < count:
+                api.wrote.clear()
+                await api.wrote.wait()
+    finally:
+        marking.cancel()
+        await asyncio.gather(marking, return_exceptions=True)
+    return api.marked
+
+
 @pytest.mark.asyncio
-async def test_a_pod_admitted_while_its_write_is_in_flight_leaves_its_neighbours_their_cards(
+async def test_a_pod_is_marked_assigned_once_the_kubelet_admitted_it_not_when_served(
     tmp_path: Path,
 ) -> None:
-    allocator, cache, api = plugin(tmp_path, pod("a", 1, card="0"), pod("b", 2, card="0"))
-    # The kubelet starts "b" first; the plugin serves the oldest, "a" (same card, same env).
-    assert await allocate(allocator, api) == ("a", "0")
-    # The kubelet's call for "a" is served under "b"'s name; "b" is admitted while that
-    # call's gpu-assigned write is still on its way.
-    call = asyncio.create_task(allocator.allocate(GpuKind.MEMORY, [UNITS]))
-    await api.writing.wait()
-    cache._apply("MODIFIED", pod("b", 2, card="0", admitted=True))
-    await api.answers.put(None)
-    (grant,) = await call
-    assert (grant.pod.name, grant.env["NVIDIA_VISIBLE_DEVICES"]) == ("b", "0")
-    # Both have their grants ("a" is admitted later): a pod of the same request bound to
-    # card 1 (the operator saw both marked) gets card 1.
-    cache._apply("ADDED", pod("c", 3, card="1"))
-    assert await allocate(allocator, api) == ("c", "1")
+    allocator, cache, api = plugin(tmp_path, pod("a", 1, card="0"))
+    assert await allocate(allocator) == ("a", "0")
+    assert cache.to_mark.empty()  # served: not yet known to be the pod the kubelet started
     cache._apply("MODIFIED", pod("a", 1, card="0", admitted=True))
-    assert api.marked == ["a", "b", "c"]
+    assert await marked(allocator, api, 1) == ["a"]
 
 
 @pytest.mark.asyncio
-async def test_a_refused_call_leaves_the_pod_to_be_served_by_the_kubelets_retry(
-    tmp_path: Path,
-) -> None:
-    allocator, _, api = plugin(tmp_path, pod("a", 1, card="0"))
-    await api.answers.put(ApiError(403, 'pods "a" is forbidden'))
-    with pytest.raises(NoCandidate, match=r"could not set volcano\.sh/gpu-assigned"):
-        await allocator.allocate(GpuKind.MEMORY, [UNITS])
-    assert await allocate(allocator, api) == ("a", "0")
-
-
-@pytest.mark.asyncio
-async def test_a_pod_admitted_during_a_refused_call_took_a_grant_served_under_another_name(
+async def test_pods_started_in_another_order_than_served_each_run_on_their_cards_grant(
     tmp_path: Path,
 ) -> None:
     allocator, cache, api = plugin(tmp_path, pod("a", 1, card="0"), pod("b", 2, card="0"))
-    assert await allocate(allocator, api) == ("a", "0")  # the kubelet was starting "b"
-    call = asyncio.create_task(allocator.allocate(GpuKind.MEMORY, [UNITS]))
-    await api.writing.wait()
+    # The kubelet starts "b"; the call names no pod and is served as the oldest, "a" (the
+    # same card and env: the operator keeps unmarked pods of one request on one card).
+    assert await allocate(allocator) == ("a", "0")
     cache._apply("MODIFIED", pod("b", 2, card="0", admitted=True))
-    await api.answers.put(ApiError(403, 'pods "b" is forbidden'))
-    with pytest.raises(NoCandidate):
-        await call
-    # "b" runs on the grant served as "a": "a" is served again when the kubelet retries it.
-    assert await allocate(allocator, api) == ("a", "0")
+    assert await marked(allocator, api, 1) == ["b"]  # "a" has not started: still unmarked
+    # "a" is served again when the kubelet starts it, whatever pods were bound since.
+    cache._apply("ADDED", pod("c", 3, card="1"))
+    assert await allocate(allocator) == ("a", "0")
 
 
 @pytest.mark.asyncio
-async def test_a_pod_deleted_while_its_grant_is_written_does_not_fail_its_neighbours_start(
+async def test_starts_go_on_while_the_apiserver_is_away_and_the_marks_follow(
     tmp_path: Path,
 ) -> None:
-    allocator, _, api = plugin(tmp_path, pod("a", 1, card="0"), pod("b", 2, card="0"))
-    # The kubelet starts "b"; "a", matched first, was deleted a moment ago (its watch event
-    # is still on its way): the write says so, and the call is served as "b".
-    await api.answers.put(ApiError(404, 'pods "a" not found'))
-    assert await allocate(allocator, api) == ("b", "0")
-    assert api.marked == ["b"]
+    away = ApiError(503, "the apiserver is shutting down")
+    allocator, cache, api = plugin(tmp_path, pod("a", 1, card="0"))
+    api.answers = [away, away]
+    assert await allocate(allocator) == ("a", "0")
+    cache._apply("MODIFIED", pod("a", 1, card="0", admitted=True))
+    assert await marked(allocator, api, 1) == ["a"]
 
 
 @pytest.mark.asyncio
-async def test_a_pod_admitted_with_an_answered_grant_never_takes_one_still_being_written(
+async def test_the_kubelet_is_steered_to_the_granted_card_and_told_a_refusal_s_reason(
     tmp_path: Path,
 ) -> None:
-    allocator, cache, api = plugin(tmp_path, pod("b", 2, card="0"), pod("c", 3, card="0"))
-    # The kubelet starts "c"; the plugin serves the oldest it knows, "b".
-    assert await allocate(allocator, api) == ("b", "0")
-    # "a", bound before "b", reaches the watch cache late; the kubelet's next call (for "b")
-    # is served as "a", and while that write is out, "c" is admitted with "b"'s grant.
-    cache._apply("ADDED", pod("a", 1, card="0"))
-    call = asyncio.create_task(allocator.allocate(GpuKind.MEMORY, [UNITS]))
-    await api.writing.wait()
-    cache._apply("MODIFIED", pod("c", 3, card="0", admitted=True))
-    await api.answers.put(None)
-    (grant,) = await call
-    assert grant.pod.name == "a"
-    cache._apply("MODIFIED", pod("a", 1, card="0", assigned=True))  # the write, watched
-    # The kubelet has served "b" (under "a"'s name) and "c" (under "b"'s): "a" is the one
-    # still to come, and gets card 0, not card 1 where a pod of its size was bound since.
-    cache._apply("ADDED", pod("d", 4, card="1"))
-    assert await allocate(allocator, api) == ("b", "0")
+    """The kubelet's calls over the plugin's socket: GetPreferredAllocation names ids on the
+    pod's card, Allocate gives its env, an Allocate no pod waits for fails with the reason."""
+    allocator, _, _ = plugin(tmp_path, pod("a", 1, card="1"))
+    table = allocator._table
+    server = grpc.aio.server()
+    servicer = DevicePluginServicer(
+        kind=GpuKind.MEMORY, table=table, allocator=allocator, metrics=PluginMetrics()
+    )
+    api_pb2_grpc.add_DevicePluginServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    socket = tmp_path / "memory.sock"
+    server.add_insecure_port(f"unix://{socket}")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+            kubelet = api_pb2_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
+            listed = await anext(kubelet.ListAndWatch(api_pb2.Empty()).__aiter__())
+            available = [d.ID for d in listed.devices]
+            preferred = await kubelet.GetPreferredAllocation(
+                api_pb2.PreferredAllocationRequest(
+                    container_requests=[
+                        api_pb2.ContainerPreferredAllocationRequest(
+                            available_deviceIDs=available, allocation_size=UNITS
+                        )
+                    ]
+                )
+            )
+            chosen = list(preferred.container_responses[0].deviceIDs)
+            assert {i.split("-")[0] for i in chosen} == {"1"}
+            answer = await kubelet.Allocate(
+                api_pb2.AllocateRequest(
+                    container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=chosen)]
+                )
+            )
+            assert answer.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == "1"
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await kubelet.Allocate(
+                    api_pb2.AllocateRequest(
+                        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=chosen)]
+                    )
+                )
+            assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+            assert "no pod bound to node n waits for a container of 16" in str(
+                refused.value.details()
+            )
+    finally:
+        await server.stop(None)

@@ -41,14 +41,15 @@ def test_the_record_follows_a_grant_the_kubelet_gave_another_pod() -> None:
     cache._apply("MODIFIED", pod("first", 1, admitted=True))
     assert cache.served == {"first": 1}
     assert cache.reopened == {"second"}
-    # "first" is marked gpu-assigned only once "second" is served again: meanwhile the
-    # operator keeps pods of their request on their card.
-    assert cache.adopted.empty()
+    # Only a pod seen started is marked gpu-assigned: meanwhile the operator keeps pods of
+    # the request of "second" on its card.
+    assert cache.to_mark.get_nowait().ref.name == "first"
+    assert cache.to_mark.empty()
     # "second" admitted in turn (with a grant served meanwhile under another name): done.
     cache._apply("MODIFIED", pod("second", 2, admitted=True))
     assert cache.reopened == set()
     assert cache.served == {"first": 1, "second": 1}
-    assert cache.adopted.get_nowait().ref.name == "first"
+    assert cache.to_mark.get_nowait().ref.name == "second"
 
 
 def test_a_pod_of_the_first_list_is_never_taken_for_a_swap() -> None:

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import pytest
-from cluster import bound, create_pod, gpu_pod, read_pod
+from cluster import bound, create_pod, eventually, gpu_pod, read_pod
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from kubernetes_asyncio import client
@@ -174,14 +174,20 @@ async def test_hostile_input_harms_no_one_and_forged_annotations_never_win_a_car
     await create_pod(core, forged)
     await bound(core, "forged")
     line = await asyncio.to_thread(node.kubelet.wait_started, "default/forged", "cuda-container")
-    pod = await read_pod(core, "forged")
-    annotations = pod["metadata"]["annotations"]
+
+    async def marked() -> dict[str, Any] | None:  # by the plugin, once it saw the pod start
+        pod = await read_pod(core, "forged")
+        started = pod["metadata"]["annotations"].get(contract.GPU_ASSIGNED) == "true"
+        return pod if started else None
+
+    annotations = (await eventually(marked, what="forged marked gpu-assigned"))["metadata"][
+        "annotations"
+    ]
     placed = operator.wait_logged(
         "pod_bound", timeout_s=5, match=lambda e: e.get("pod") == "default/forged"
     )
     assert annotations[contract.GPU_INDEX] == str(placed["card"][0])
     assert line["envs"][contract.ENV_VISIBLE_DEVICES] == annotations[contract.GPU_INDEX]
-    assert annotations[contract.GPU_ASSIGNED] == "true"  # by the plugin, once served
 
     # Forged on a pod created on the node directly: no Binding, never served.
     direct = gpu_pod("direct", 1024)

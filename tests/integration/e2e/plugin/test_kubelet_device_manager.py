@@ -83,12 +83,13 @@ async def test_the_guides_two_pods_get_card_0_and_the_guides_env(
 
         async def running(pod: str = name) -> dict[str, Any] | None:
             body = await read_pod(core, pod)
-            return body if body["status"].get("phase") == "Running" else None
+            marked = body["metadata"]["annotations"].get(contract.GPU_ASSIGNED) == "true"
+            return body if body["status"].get("phase") == "Running" and marked else None
 
-        pod = await eventually(running, what=f"{name} Running")
+        # gpu-assigned: by the plugin, once it has seen the kubelet start the pod.
+        pod = await eventually(running, what=f"{name} Running and marked gpu-assigned")
         annotations = pod["metadata"]["annotations"]
         assert annotations[contract.GPU_INDEX] == "0"
-        assert annotations[contract.GPU_ASSIGNED] == "true"
         assert annotations[contract.PREDICATE_TIME].isdigit()
 
 
