@@ -54,7 +54,7 @@ from gpushare.model.bound import kubelet_order
 from gpushare.model.inventory import NodeInventory, node_inventory
 from gpushare.model.placement import find_placement
 from gpushare.model.request import GpuKind, gpu_request
-from gpushare.model.usage import Ledger, check_allocation, claim_of
+from gpushare.model.usage import Allocation, Ledger, check_allocation, claim_of
 from gpushare_harness import ControlPlane, FakeGpuNode, create_gpu_node
 from gpushare_harness.identities import operator_kubeconfig, plugin_kubeconfig
 from gpushare_harness.kubelet import KubeletHarness
@@ -381,7 +381,7 @@ async def test_a_burst_through_crashes_restarts_and_deletions_accounts_for_every
                 ("plugin restarted", restart_plugin, True),
                 ("kubelet restarted", restart_kubelet, True),
                 ("kubelet restarted", restart_kubelet, True),
-                ("XID 79", xid, True),
+                (XID, xid, True),
                 ("node deleted", delete_node, True),
             ]
             rng.shuffle(mix)
@@ -445,6 +445,8 @@ async def test_a_burst_through_crashes_restarts_and_deletions_accounts_for_every
 
 
 RBAC_WARM_UP_S = 10.0
+XID = "XID 79"
+XID_NOTICED_S = 15.0  # the plugin's health poll, its GPUNode write, the operator's watch
 
 
 async def list_pods(
@@ -553,7 +555,7 @@ async def check_invariants(
     for operator in operators:
         binds.update(e["pod"] for e in operator.log_events() if e.get("event") == "pod_bound")
     assert max(binds.values()) == 1, (SEED, binds.most_common(3))
-    await check_records(core, api, gone_nodes, deleted)
+    await check_records(core, api, fired, gone_nodes, deleted)
 
 
 def kubelet_lines(nodes: list[FakeNode], event: str) -> dict[str, tuple[str, dict[str, Any]]]:
@@ -635,14 +637,18 @@ def check_given(pods: list[dict[str, Any]], nodes: list[FakeNode]) -> None:
 
 
 async def check_records(
-    core: client.CoreV1Api, api: client.ApiClient, gone_nodes: set[str], deleted: set[str]
+    core: client.CoreV1Api,
+    api: client.ApiClient,
+    fired: list[Fired],
+    gone_nodes: set[str],
+    deleted: set[str],
 ) -> None:
     """The placement records add up: valid `gpu-index`es within each card, GPUNode statuses
     that say the same, no stale PodScheduled=False, and each pod left unbound is one the
     model finds no room for (the operator retries a pod when room is freed: waited for)."""
     deadline = time.monotonic() + 90
     while True:
-        problems = await record_problems(core, api, gone_nodes, deleted)
+        problems = await record_problems(core, api, fired, gone_nodes, deleted)
         if not problems or time.monotonic() > deadline:
             break
         await asyncio.sleep(2)
@@ -650,7 +656,11 @@ async def check_records(
 
 
 async def record_problems(
-    core: client.CoreV1Api, api: client.ApiClient, gone_nodes: set[str], deleted: set[str]
+    core: client.CoreV1Api,
+    api: client.ApiClient,
+    fired: list[Fired],
+    gone_nodes: set[str],
+    deleted: set[str],
 ) -> list[str]:
     pods = await list_pods(core)
     node_bodies = (await raw_json(core.list_node(_preload_content=False)))["items"]
@@ -678,7 +688,7 @@ async def record_problems(
         if claim.allocation is None:
             continue
         assert claim.allocation.node not in gone_nodes, (SEED, name)
-        check_allocation(claim.allocation, inventories[claim.allocation.node])
+        check_placed(pod, claim.allocation, inventories[claim.allocation.node], fired)
         ledger.add(claim.allocation)
         if waiting_reason(pod):
             problems.append(f"{name}: bound, yet PodScheduled=False ({waiting_reason(pod)})")
@@ -712,6 +722,20 @@ async def record_problems(
         if not any(e["reason"] == "FailedScheduling" for e in events):
             problems.append(f"{name}: Unschedulable without a FailedScheduling event")
     return problems
+
+
+def check_placed(
+    pod: dict[str, Any], allocation: Allocation, inventory: NodeInventory, fired: list[Fired]
+) -> None:
+    """A valid `gpu-index`; on a card that failed, placed before the failure was known."""
+    cards = [inventory.card(c) for c in allocation.cards]
+    if not any(card is not None and not card.healthy for card in cards):
+        check_allocation(allocation, inventory)
+        return
+    bound_at = int(pod["metadata"]["annotations"][contract.PREDICATE_TIME]) / 1e9
+    failed = [f.end for f in fired if f.name == XID and f.nodes and allocation.node in f.nodes]
+    late = not failed or bound_at > max(failed) + XID_NOTICED_S
+    assert not late, (SEED, pod["metadata"]["name"], "bound to a card after it failed")
 
 
 async def check_one_leader(api: client.ApiClient, operators: list[OperatorProcess]) -> None:
