@@ -24,6 +24,7 @@ from gpushare.kube.retry import WRITE, retry
 from gpushare.model.allocation import (
     ContainerGrant,
     NoCandidate,
+    Unservable,
     match_container,
     preferred_device_ids,
     unplaced_pods,
@@ -108,6 +109,8 @@ class Allocator:
         while True:
             try:
                 return self._match(kind, counts)
+            except Unservable:
+                raise  # its pod is here: no watch event will help
             except NoCandidate:
                 unplaced = unplaced_pods(
                     self._pods.pods(), kind=kind, schedulers=self._schedulers, count=counts[0]

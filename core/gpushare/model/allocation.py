@@ -53,6 +53,11 @@ class NoCandidate(GpuShareError):
         self.pods = tuple(str(p.ref) for p in pods)
 
 
+class Unservable(NoCandidate):
+    """The pod the call is for was found, but what its annotations say cannot be honoured:
+    no later watch event makes it servable (the placement annotations cannot change)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ContainerGrant:
     """What one Allocate gives one container."""
@@ -251,7 +256,7 @@ def _cards_of(
         )
         check_allocation(allocation, inventory)
     except GpuShareError as error:
-        raise NoCandidate(f"refusing to guess a card: {error}") from error
+        raise Unservable(f"refusing to guess a card: {error}") from error
     return tuple(card for index in indices if (card := inventory.card(index)) is not None)
 
 
@@ -264,13 +269,13 @@ def _allocated_mib(
     if pod.asked is None:
         return container.amount * inventory.unit_mib, None
     if pod.asked.unit_mib != inventory.unit_mib:
-        raise NoCandidate(
+        raise Unservable(
             f"refusing pod {pod.ref}: its limits are in {pod.asked.unit_mib} MiB units, node "
             f"{inventory.node} runs {inventory.unit_mib} MiB per device"
         )
     mib = pod.asked.mib.get(container.name)
     if mib is None:
-        raise NoCandidate(
+        raise Unservable(
             f"refusing pod {pod.ref}: annotation {contract.GPU_MEMORY_MIB} does not name "
             f"container {container.name}; delete the pod and create it again"
         )

@@ -20,6 +20,7 @@ from builders import gpu_pod
 
 from gpushare.kube import ApiError
 from gpushare.model import contract
+from gpushare.model.allocation import NoCandidate
 from gpushare.model.bound import bound_pod
 from gpushare.model.device_list import DeviceListing
 from gpushare.model.request import GpuKind
@@ -61,7 +62,7 @@ def pod(name: str, at: int, *, card: str, admitted: bool = False) -> Any:
     return bound_pod(body)
 
 
-def plugin(tmp_path: Path, *pods: Any) -> tuple[Allocator, PodCache, Api]:
+def plugin(tmp_path: Path, *pods: Any, wait_s: float = 0.2) -> tuple[Allocator, PodCache, Api]:
     spec = tmp_path / "cards.yaml"
     spec.write_text(yaml.safe_dump({"cards": [{"memoryMiB": 1024}, {"memoryMiB": 1024}]}))
     table = DeviceTable(node="n", cards=FakeDiscovery(f"@{spec}", node="n").cards(), unit_mib=1)
@@ -78,7 +79,7 @@ def plugin(tmp_path: Path, *pods: Any) -> tuple[Allocator, PodCache, Api]:
         metrics=PluginMetrics(),
         listing=DeviceListing(),
         limits=None,
-        wait_s=0.2,
+        wait_s=wait_s,
         schedulers=frozenset({contract.DEFAULT_SCHEDULER_NAME}),
     )
     return allocator, cache, api
@@ -192,3 +193,15 @@ async def test_the_kubelet_is_steered_to_the_granted_card_and_told_a_refusal_s_r
             )
     finally:
         await server.stop(None)
+
+
+@pytest.mark.asyncio
+async def test_a_pod_whose_card_the_node_lacks_is_refused_at_once_not_after_the_grace(
+    tmp_path: Path,
+) -> None:
+    # The watch's grace is for a pod not yet in the cache; this one is there, and its
+    # placement annotations cannot change: waiting would only hold the node's admissions.
+    allocator, _, _ = plugin(tmp_path, pod("lost", 1, card="9"), wait_s=3600)
+    async with asyncio.timeout(5):
+        with pytest.raises(NoCandidate, match="card 9, which the node does not have"):
+            await allocate(allocator)

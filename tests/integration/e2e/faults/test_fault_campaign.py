@@ -5,10 +5,11 @@ Each fault fires during a wave, once work is in flight (observed: a pod bound si
 look, while pods bound are not yet started; a node's fault on a node with such pods, so its
 Allocates are in flight): the operator leader SIGKILLed (a takeover asserted each time),
 the leader paused past its Lease (split brain: the standby's takeover asserted, then the old
-leader's step down), the apiserver restarted, etcd stopped and slowed, device plugins and
-kubelets restarted with Allocates in flight, an XID on a card, a node with pods on it deleted
-(its pods go, as the pod garbage collector would remove them), and pods deleted while they
-are being bound.
+leader's step down), the apiserver restarted and stalled (SIGSTOP: every watch and call
+hangs), etcd stopped and slowed, device plugins and kubelets restarted with Allocates in
+flight, a plugin cut off from the apiserver (each plugin reaches it through a relay of the
+test's), an XID on a card, a node with pods on it deleted (its pods go, as the pod garbage
+collector would remove them), and pods deleted while they are being bound.
 The order of the faults, their targets and the pods come from one seed, chosen at random for
 each run and printed (`GPUSHARE_FAULT_SEED=<seed>` replays it).
 
@@ -26,6 +27,7 @@ Afterwards, every pod is accounted for:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import itertools
 import json
@@ -56,7 +58,12 @@ from gpushare.model.placement import find_placement
 from gpushare.model.request import GpuKind, gpu_request
 from gpushare.model.usage import Allocation, Ledger, check_allocation, claim_of
 from gpushare_harness import ControlPlane, FakeGpuNode, create_gpu_node
-from gpushare_harness.identities import operator_kubeconfig, plugin_kubeconfig
+from gpushare_harness.identities import (
+    OPERATOR,
+    PLUGIN,
+    operator_kubeconfig,
+    plugin_kubeconfig,
+)
 from gpushare_harness.kubelet import KubeletHarness
 from gpushare_harness.operator import OperatorProcess
 from gpushare_harness.plugin import PluginProcess
@@ -81,6 +88,7 @@ TAKEOVER_S = LEASE_S + 20  # the Lease runs out, then a standby's next round on 
 # A kubelet refusal is explained by a fault that ended at most this long before it: the
 # plugin's write retries (retry.WRITE) and the kubelet's own reconnects.
 REFUSAL_GRACE_S = 45.0
+PARTITION_S = 6.0
 TOP_UP = 8  # pods created when a wave went through before its fault saw work in flight
 
 
@@ -105,6 +113,76 @@ class FakeNode:
             log=logs / f"{name}-plugin.log",
             args=[f"--gpu-memory-factor={UNIT_MIB}"],
         )
+
+
+class Relay:
+    """A loopback TCP relay between one device plugin and the apiserver (TLS passes through
+    untouched); `sever` drops its connections and refuses new ones, as a network partition
+    between the node and the control plane does, until `heal`."""
+
+    def __init__(self, upstream: int) -> None:
+        self.upstream = upstream
+        self.severed = False
+        self._pumps: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.severed:
+            writer.close()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
+        except OSError:  # the apiserver restarting: the caller sees a reset
+            writer.close()
+            return
+
+        async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+
+        pumps = {
+            asyncio.create_task(pump(reader, up_writer)),
+            asyncio.create_task(pump(up_reader, writer)),
+        }
+        self._pumps |= pumps
+        try:
+            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in pumps:
+                task.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+            self._pumps -= pumps
+            for end in (writer, up_writer):
+                end.close()
+
+    def sever(self) -> None:
+        self.severed = True
+        for task in list(self._pumps):
+            task.cancel()
+
+    def heal(self) -> None:
+        self.severed = False
+
+    async def close(self) -> None:
+        self.sever()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+
+def through(kubeconfig: Path, port: int) -> Path:
+    """The kubeconfig, reaching the apiserver at `port` on loopback instead."""
+    config = yaml.safe_load(kubeconfig.read_text())
+    server = config["clusters"][0]["cluster"]["server"]
+    config["clusters"][0]["cluster"]["server"] = f"{server.rsplit(':', 1)[0]}:{port}"
+    kubeconfig.write_text(yaml.safe_dump(config))
+    return kubeconfig
 
 
 @dataclass(frozen=True)
@@ -188,8 +266,10 @@ async def test_a_burst_through_crashes_restarts_and_deletions_accounts_for_every
     plugin_configs = await asyncio.gather(
         *(plugin_kubeconfig(core, plane.kubeconfig, n, tmp_path / f"{n}.kubeconfig") for n in names)
     )
+    apiserver = yaml.safe_load(plane.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    relays = {name: Relay(int(apiserver.rsplit(":", 1)[1])) for name in names}
     nodes = [
-        FakeNode(name, plane, folders / name, tmp_path, config)
+        FakeNode(name, plane, folders / name, tmp_path, through(config, await relays[name].start()))
         for name, config in zip(names, plugin_configs, strict=True)
     ]
     by_name = {node.name: node for node in nodes}
@@ -350,6 +430,46 @@ async def test_a_burst_through_crashes_restarts_and_deletions_accounts_for_every
             node.cards.write_text(yaml.safe_dump({"cards": cards}))
             return frozenset({node.name})
 
+        async def partition(targets: list[str]) -> frozenset[str]:
+            """A node's plugin cut off from the apiserver for a while (its kubelet is not)."""
+            node = pick(targets)
+            relays[node.name].sever()
+            await asyncio.sleep(PARTITION_S)
+            relays[node.name].heal()
+            return frozenset({node.name})
+
+        async def pause_apiserver(_: list[str]) -> None:
+            """Every watch and call stalls, nothing is closed: a stalled control plane."""
+            apiserver = plane.pids()["kube-apiserver"]
+            os.kill(apiserver, signal.SIGSTOP)
+            paused.append(apiserver)
+            try:
+                await asyncio.sleep(PARTITION_S)
+            finally:
+                os.kill(apiserver, signal.SIGCONT)
+                paused.remove(apiserver)
+
+        async def throttle(_: list[str]) -> None:
+            """The apiserver's own flow control answers the components 429 beyond 1 share of
+            its concurrency (a PriorityLevel that rejects, for their ServiceAccounts)."""
+            flow = client.FlowcontrolApiserverV1Api(api)
+            level = cast(client.V1PriorityLevelConfiguration, THROTTLE_LEVEL)
+            flows = cast(client.V1FlowSchema, THROTTLE_FLOWS)
+            name = THROTTLE_LEVEL["metadata"]["name"]
+            await raw_json(flow.create_priority_level_configuration(level, _preload_content=False))
+            await raw_json(flow.create_flow_schema(flows, _preload_content=False))
+            try:
+                await asyncio.sleep(THROTTLE_S)
+            finally:
+                await retrying(
+                    lambda: raw_json(flow.delete_flow_schema(name, _preload_content=False))
+                )
+                await retrying(
+                    lambda: raw_json(
+                        flow.delete_priority_level_configuration(name, _preload_content=False)
+                    )
+                )
+
         async def delete_node(targets: list[str]) -> frozenset[str]:
             node = pick(targets)
             node.plugin.stop()
@@ -382,6 +502,9 @@ async def test_a_burst_through_crashes_restarts_and_deletions_accounts_for_every
                 ("kubelet restarted", restart_kubelet, True),
                 ("kubelet restarted", restart_kubelet, True),
                 (XID, xid, True),
+                ("plugin cut off from the apiserver", partition, True),
+                ("apiserver stalled", pause_apiserver, True),
+                ("components answered 429", throttle, True),
                 ("node deleted", delete_node, True),
             ]
             rng.shuffle(mix)
@@ -436,6 +559,8 @@ async def test_a_burst_through_crashes_restarts_and_deletions_accounts_for_every
     finally:
         for pid in paused:
             os.kill(pid, signal.SIGCONT)
+        for relay in relays.values():
+            await relay.close()
         for operator in operators:
             operator.stop()
         for node in nodes:
@@ -445,6 +570,46 @@ async def test_a_burst_through_crashes_restarts_and_deletions_accounts_for_every
 
 
 RBAC_WARM_UP_S = 10.0
+THROTTLE_S = 6.0
+THROTTLE_LEVEL: dict[str, Any] = {
+    "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+    "kind": "PriorityLevelConfiguration",
+    "metadata": {"name": "campaign-throttle"},
+    "spec": {
+        "type": "Limited",
+        "limited": {
+            "nominalConcurrencyShares": 1,
+            "lendablePercent": 0,
+            "limitResponse": {"type": "Reject"},
+        },
+    },
+}
+THROTTLE_FLOWS: dict[str, Any] = {
+    "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+    "kind": "FlowSchema",
+    "metadata": {"name": "campaign-throttle"},
+    "spec": {
+        "priorityLevelConfiguration": {"name": "campaign-throttle"},
+        "matchingPrecedence": 100,
+        "rules": [
+            {
+                "subjects": [
+                    {"kind": "ServiceAccount", "serviceAccount": {"namespace": ns, "name": name}}
+                    for ns, name in (OPERATOR, PLUGIN)
+                ],
+                "resourceRules": [
+                    {
+                        "verbs": ["*"],
+                        "apiGroups": ["*"],
+                        "resources": ["*"],
+                        "clusterScope": True,
+                        "namespaces": ["*"],
+                    }
+                ],
+            }
+        ],
+    },
+}
 XID = "XID 79"
 XID_NOTICED_S = 15.0  # the plugin's health poll, its GPUNode write, the operator's watch
 
