@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from gpushare import logs
 from gpushare.kube import ApiError
-from gpushare.kube.retry import WRITE, retry
+from gpushare.kube.retry import WRITE, retry, transient
 from gpushare.model.allocation import (
     ContainerGrant,
     NoCandidate,
@@ -171,23 +171,27 @@ class Allocator:
 
     async def mark_started(self, workers: int = 4) -> None:
         """Mark `gpu-assigned` on each pod the kubelet admitted (`PodCache.to_mark`), so the
-        operator stops keeping its request on its card; for ever. A write the apiserver does
-        not take now is queued again: a start is never forgotten."""
+        operator stops keeping its request on its card; for ever. A write that got no answer
+        or a busy one is queued again (a start is never forgotten); a refusal (the pod gone or
+        replaced, a right missing) is logged and dropped."""
 
         async def work() -> None:
             while True:
                 pod = await self._pods.to_mark.get()
+                now = self._pods.get(pod.ref.uid)
+                if now is None or not now.active or now.assigned:
+                    continue  # gone, finished, or marked meanwhile
                 try:
                     # Its uid the precondition, not its resourceVersion: the kubelet is
                     # writing its status meanwhile, and the one annotation changes nothing else.
                     await retry(functools.partial(self._api.mark_assigned, pod.ref), WRITE)
                     self._log.info("pod_marked_assigned", pod=str(pod.ref))
                 except (ApiError, OSError, TimeoutError) as error:
-                    gone = isinstance(error, ApiError) and error.status in (404, 409)
+                    again = transient(error)
                     self._log.warning(
-                        "mark_assigned_failed", pod=str(pod.ref), error=str(error), retry=not gone
+                        "mark_assigned_failed", pod=str(pod.ref), error=str(error), retry=again
                     )
-                    if not gone:
+                    if again:
                         await asyncio.sleep(MARK_AGAIN_S)
                         self._pods.to_mark.put_nowait(pod)
 

@@ -95,8 +95,8 @@ class PodCache:
         reopened = uid in self.reopened
         if not pod.active:  # refused by the kubelet (Failed), or finished: it took no grant
             return
-        placed = pod.gpu_index is not None and pod.request is not None
-        if placed and not pod.assigned and pod.request and pod.request.kind is not None:
+        gpu = pod.request is not None and pod.request.kind is not None
+        if gpu and pod.gpu_index is not None and not pod.assigned:
             self.to_mark.put_nowait(pod)  # a GPU pod started: it holds a grant now
         if not reopened and (uid in self.served or uid in (self._before_start or ())):
             return

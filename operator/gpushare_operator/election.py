@@ -73,9 +73,10 @@ class LeaseElector:
             await asyncio.sleep(self._config().retry_period_s)
 
     def fresh(self) -> bool:
-        """Leading, with the Lease renewed within the renew deadline: a write now cannot race
-        a new leader. A replica paused past its Lease (SIGSTOP, a stalled VM) resumes sure it
-        leads until its next round; its binds and evictions wait on this meanwhile."""
+        """Leading, with the Lease renewed within the renew deadline (shorter than the Lease):
+        no standby can have taken it yet. A replica paused past its Lease (SIGSTOP, a stalled
+        VM) resumes sure it leads until its next round; each bind attempt and eviction checks
+        this first, so none is sent then."""
         since = self._monotonic() - self._renewed_at
         return self.leading and since <= self._config().renew_deadline_s
 

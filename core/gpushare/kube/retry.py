@@ -89,7 +89,7 @@ class RetryPolicy:
 BIND_ATTEMPTS = 5
 WRITE = RetryPolicy("write", Backoff(0.5, 4.0), attempts=5)
 """About 7 s of tries: an apiserver restarting is ridden out, a pod never left without its
-report or its `gpu-assigned` while the kubelet waits."""
+report (the device plugin queues a `gpu-assigned` again after it)."""
 READ = RetryPolicy("read", Backoff(0.25, 2.0), attempts=8)
 """About 10 s: an apiserver starting or overloaded."""
 PUBLISH = RetryPolicy("publish", Backoff(0.5, 5.0))

@@ -63,7 +63,6 @@ class ContainerGrant:
     """What one Allocate gives one container."""
 
     pod: PodRef
-    resource_version: str
     container: str
     position: int
     """The container's place in kubelet order; `position + 1` containers are then served."""
@@ -176,7 +175,6 @@ def container_grant(
         problem = problem or given.note
     return ContainerGrant(
         pod=pod.ref,
-        resource_version=pod.resource_version,
         container=container.name,
         position=position,
         last=position + 1 == len(order),

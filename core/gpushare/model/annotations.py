@@ -42,8 +42,9 @@ def format_card_indices(indices: Iterable[CardIndex]) -> str:
 
 
 def gpu_assigned(annotations: Mapping[str, str]) -> bool:
-    """`gpu-assigned` is exactly ``"true"``: the device plugin has served every GPU container
-    of the pod. Absent, ``"false"`` (what every Binding writes) or anything else: not yet."""
+    """`gpu-assigned` is exactly ``"true"``: the kubelet has started the pod with its grant (the
+    device plugin saw it admitted). Absent, ``"false"`` (what every Binding writes) or anything
+    else: not yet."""
     return annotations.get(contract.GPU_ASSIGNED) == contract.GPU_ASSIGNED_TRUE
 
 

@@ -22,7 +22,6 @@ class BoundPod:
     """A pod bound to the plugin's node, read once per watch event."""
 
     ref: PodRef
-    resource_version: str
     active: bool
     """Neither terminating nor finished."""
     assigned: bool
@@ -80,7 +79,6 @@ def bound_pod(pod: Body) -> BoundPod:
     spec = path(pod, "spec")
     return BoundPod(
         ref=pod_ref(pod),
-        resource_version=text(meta.get("resourceVersion")) or "",
         active=meta.get("deletionTimestamp") is None and phase not in FINISHED_PHASES,
         admitted=phase not in (None, "Pending")
         or bool(status.get("containerStatuses") or status.get("initContainerStatuses")),

@@ -196,10 +196,15 @@ class _Planner:
             )
             for budget in self._view.budgets
         )
+        # So do the gangs' spares: two rooms of one plan may not each take a gang's last spare.
+        gangs = {
+            key: replace(hold, spare=hold.spare - len(hold.members & moved))
+            for key, hold in self._view.gangs.items()
+        }
         # Moved pods are replaced by new ones: not movable again in this plan.
         for uid in moved:
             self._movable.discard(uid)
-        self._view = replace(self._view, budgets=budgets)
+        self._view = replace(self._view, budgets=budgets, gangs=gangs)
         self.rooms.append(
             Room(
                 pod=pod.ref,

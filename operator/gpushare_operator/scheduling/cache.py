@@ -72,7 +72,7 @@ class PodChange(Enum):
     BOUND = "bound"
     """Now holds resources on a node (or changed there)."""
     ASSIGNED = "assigned"
-    """The device plugin served it: pods waiting behind it may go ahead."""
+    """The kubelet started it: pods waiting behind it may go ahead."""
     GONE = "gone"
     """Finished or deleted: its resources are free again."""
     IGNORED = "ignored"
@@ -94,7 +94,7 @@ class _Holder:
     those its `gpu-index` named when the cache first saw it bound (after a restart the
     annotation is the only record). A later `gpu-index` that disagrees is not followed."""
     assigned: bool = False
-    """The device plugin has served it: once seen, never undone by a later annotation."""
+    """The kubelet has started it: once seen, never undone by a later annotation."""
     terminating: bool = False
     """It is being deleted: what it holds is about to be free (`leaving`)."""
     pending: PodInfo | None = None
@@ -230,7 +230,7 @@ class SchedulerCache:
         previous = self._holders.get(uid)
         if previous is not None and previous.fingerprint == pod.fingerprint:
             previous.assigned = previous.assigned or pod.assigned
-            if pod.assigned and previous.pin is not None:  # the device plugin served it
+            if pod.assigned and previous.pin is not None:  # the kubelet started it
                 signature = previous.pin.signature
                 self._pins.assigned(previous.pin, self._clock())
                 previous.pin = None

@@ -59,7 +59,7 @@ class PodInfo:
     """It has scheduling gates: the apiserver refuses to bind it."""
     priority: int
     assigned: bool
-    """The device plugin has served it (gpu-assigned is "true")."""
+    """The kubelet has started it (gpu-assigned is "true")."""
     resource_version: int | None
     """None where the version is not a number (then event order is trusted)."""
     unschedulable: bool = False

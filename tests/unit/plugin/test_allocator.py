@@ -19,12 +19,14 @@ import yaml
 from builders import gpu_pod
 
 from gpushare.kube import ApiError
+from gpushare.kube.retry import Backoff, RetryPolicy
 from gpushare.model import contract
 from gpushare.model.allocation import NoCandidate
 from gpushare.model.bound import bound_pod
 from gpushare.model.device_list import DeviceListing
 from gpushare.model.request import GpuKind
 from gpushare.model.usage import PodRef
+from gpushare_plugin import allocator as allocator_module
 from gpushare_plugin._proto.v1beta1 import api_pb2, api_pb2_grpc
 from gpushare_plugin.allocator import Allocator
 from gpushare_plugin.devices import DeviceTable
@@ -37,10 +39,12 @@ UNITS = 16
 
 
 class Api:
-    """The plugin's one pod write; `answers` scripts the errors the next ones get."""
+    """The plugin's one pod write; `answers` scripts the errors the next ones get,
+    `refusals` the error each write for a pod gets."""
 
     def __init__(self, *answers: Exception) -> None:
         self.answers = list(answers)
+        self.refusals: dict[str, Exception] = {}
         self.marked: list[str] = []
         self.wrote = asyncio.Event()
 
@@ -48,6 +52,8 @@ class Api:
         return lambda **_: None
 
     async def mark_assigned(self, pod: PodRef) -> None:
+        if pod.name in self.refusals:
+            raise self.refusals[pod.name]
         if self.answers:
             raise self.answers.pop(0)
         self.marked.append(pod.name)
@@ -112,6 +118,7 @@ async def test_a_pod_is_marked_assigned_once_the_kubelet_admitted_it_not_when_se
     allocator, cache, api = plugin(tmp_path, pod("a", 1, card="0"))
     assert await allocate(allocator) == ("a", "0")
     assert cache.to_mark.empty()  # served: not yet known to be the pod the kubelet started
+    assert api.marked == []
     cache._apply("MODIFIED", pod("a", 1, card="0", admitted=True))
     assert await marked(allocator, api, 1) == ["a"]
 
@@ -133,14 +140,30 @@ async def test_pods_started_in_another_order_than_served_each_run_on_their_cards
 
 @pytest.mark.asyncio
 async def test_starts_go_on_while_the_apiserver_is_away_and_the_marks_follow(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Each write tried twice, then queued again: five 503s outlast two rounds of tries.
+    monkeypatch.setattr(allocator_module, "WRITE", RetryPolicy("write", Backoff(0.01, 0.01), 2))
+    monkeypatch.setattr(allocator_module, "MARK_AGAIN_S", 0.01)
     away = ApiError(503, "the apiserver is shutting down")
     allocator, cache, api = plugin(tmp_path, pod("a", 1, card="0"))
-    api.answers = [away, away]
+    api.answers = [away] * 5
     assert await allocate(allocator) == ("a", "0")
     cache._apply("MODIFIED", pod("a", 1, card="0", admitted=True))
     assert await marked(allocator, api, 1) == ["a"]
+    assert api.answers == []
+
+
+@pytest.mark.asyncio
+async def test_a_mark_refused_for_good_or_for_a_pod_gone_is_dropped(tmp_path: Path) -> None:
+    allocator, cache, api = plugin(tmp_path, pod("a", 1, card="0"), pod("b", 2, card="0"))
+    api.refusals["a"] = ApiError(404, 'pods "a" not found')
+    cache._apply("MODIFIED", pod("a", 1, card="0", admitted=True))
+    cache._apply("MODIFIED", pod("b", 2, card="0", admitted=True))
+    cache._apply("DELETED", pod("b", 2, card="0", admitted=True))  # before its mark
+    cache._apply("ADDED", pod("c", 3, card="0", admitted=True))
+    assert await marked(allocator, api, 1) == ["c"]
+    assert cache.to_mark.empty()  # "a" refused, "b" gone: neither queued again
 
 
 @pytest.mark.asyncio

@@ -51,7 +51,7 @@ from kubernetes_asyncio import client
 
 from gpushare.kube import ApiError, raw_json
 from gpushare.model import contract
-from gpushare.model.annotations import parse_card_indices
+from gpushare.model.annotations import gpu_assigned, parse_card_indices
 from gpushare.model.bound import kubelet_order
 from gpushare.model.inventory import NodeInventory, node_inventory
 from gpushare.model.placement import find_placement
@@ -86,8 +86,8 @@ TOO_BIG = "313"  # 20,032 MiB: more than any card
 LEASE_S = 4.0  # the harness's operators' Lease (OperatorProcess)
 TAKEOVER_S = LEASE_S + 20  # the Lease runs out, then a standby's next round on a busy machine
 # A kubelet refusal is explained by a fault that ended at most this long before it: the
-# plugin's write retries (retry.WRITE) and the kubelet's own reconnects.
-REFUSAL_GRACE_S = 45.0
+# plugin's watch grace (--allocate-wait-seconds, 5 s) and the kubelet's own reconnects.
+REFUSAL_GRACE_S = 15.0
 PARTITION_S = 6.0
 TOP_UP = 8  # pods created when a wave went through before its fault saw work in flight
 
@@ -196,7 +196,8 @@ class Fired:
     causes_refusals: bool
 
 
-def manifest(number: int, rng: random.Random) -> dict[str, Any]:
+def manifest(number: int) -> dict[str, Any]:
+    rng = random.Random(f"{SEED}/pod/{number}")  # the same pod for a seed, whatever the timing
     roll = rng.random()
     limits: dict[str, str]
     if roll < 0.08:
@@ -256,7 +257,7 @@ async def test_a_burst_through_crashes_restarts_and_deletions_accounts_for_every
     plane: ControlPlane, api: client.ApiClient, core: client.CoreV1Api, tmp_path: Path
 ) -> None:
     print(f"fault campaign seed {SEED}: GPUSHARE_FAULT_SEED={SEED} replays it")
-    rng = random.Random(SEED)
+    rng = random.Random(SEED)  # the faults' order and targets
     folders = Path(tempfile.mkdtemp(prefix="dp-faults-"))
     names = [f"gpu-{i:02d}" for i in range(NODES)]
     await asyncio.gather(
@@ -302,7 +303,7 @@ async def test_a_burst_through_crashes_restarts_and_deletions_accounts_for_every
             limit = asyncio.Semaphore(16)
 
             async def one(number: int) -> None:
-                body = manifest(number, rng)
+                body = manifest(number)
                 async with limit:
                     await retrying(
                         lambda: raw_json(
@@ -512,16 +513,19 @@ async def test_a_burst_through_crashes_restarts_and_deletions_accounts_for_every
             try:
                 for name, action, refusals in mix:
                     creating = asyncio.create_task(create(wave))
-                    await fire(name, action, causes_refusals=refusals)
-                    await creating
+                    try:
+                        await fire(name, action, causes_refusals=refusals)
+                    finally:
+                        await creating  # the wave ends before any teardown
             finally:
                 faults_done.set()
             await create(max(0, PODS - len(created)))
 
         async def delete_while_binding() -> None:
             """The newest pod, most likely still being placed or bound, is deleted."""
+            pauses = random.Random(f"{SEED}/deletions")
             while not faults_done.is_set():
-                await asyncio.sleep(rng.uniform(0.5, 2.0))
+                await asyncio.sleep(pauses.uniform(0.5, 2.0))
                 fresh = [n for n in created[-5:] if n not in deleted]
                 if not fresh:
                     continue
@@ -719,6 +723,7 @@ async def check_invariants(
     binds: Counter[str] = Counter()
     for operator in operators:
         binds.update(e["pod"] for e in operator.log_events() if e.get("event") == "pod_bound")
+    assert binds, SEED
     assert max(binds.values()) == 1, (SEED, binds.most_common(3))
     await check_records(core, api, fired, gone_nodes, deleted)
 
@@ -855,8 +860,7 @@ async def record_problems(
         assert claim.allocation.node not in gone_nodes, (SEED, name)
         check_placed(pod, claim.allocation, inventories[claim.allocation.node], fired)
         ledger.add(claim.allocation)
-        if waiting_reason(pod):
-            problems.append(f"{name}: bound, yet PodScheduled=False ({waiting_reason(pod)})")
+        problems += bound_pod_problems(pod)
     for usage in ledger.nodes().values():
         assert (usage.unattributed_memory, usage.unattributed_cards) == (0, 0), SEED
         shown = {c.get("index"): c for c in statuses.get(usage.inventory.node, {}).get("cards", [])}
@@ -886,6 +890,17 @@ async def record_problems(
         )["items"]
         if not any(e["reason"] == "FailedScheduling" for e in events):
             problems.append(f"{name}: Unschedulable without a FailedScheduling event")
+    return problems
+
+
+def bound_pod_problems(pod: dict[str, Any]) -> list[str]:
+    """A bound pod keeps no PodScheduled=False; a running one is marked gpu-assigned."""
+    name, problems = pod["metadata"]["name"], []
+    if waiting_reason(pod):
+        problems.append(f"{name}: bound, yet PodScheduled=False ({waiting_reason(pod)})")
+    running = pod["status"].get("phase") == "Running"
+    if running and not gpu_assigned(pod["metadata"]["annotations"]):
+        problems.append(f"{name}: Running, yet not marked gpu-assigned")
     return problems
 
 

@@ -125,7 +125,7 @@ async def _count_bound(core: client.CoreV1Api, *, at_least: int) -> bool:
     return sum(1 for p in pods if p["spec"].get("nodeName")) >= at_least
 
 
-async def test_a_standby_takes_over_within_the_lease_duration(
+async def test_a_standby_takes_over_once_the_lease_runs_out(
     core: client.CoreV1Api, start_operator: Start
 ) -> None:
     await create_gpu_node(core, FakeGpuNode(name="n", gpu_memory=8 * CARD_MIB, gpu_number=8))
