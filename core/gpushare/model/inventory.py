@@ -65,6 +65,11 @@ class NodeInventory:
         return None
 
 
+MAX_CARDS = 256
+"""More GPUs than any node holds (8 or 16 in the largest today): a capacity that says more is
+refused, not expanded card by card."""
+
+
 def node_inventory(node: Body, resource: Body | None = None) -> NodeInventory | None:
     """The GPU inventory of `node`, from its GPUNode `resource` when there is one, else from
     its capacity; None when the node has no GPU. Raises InvalidInventory or
@@ -120,6 +125,11 @@ def _from_capacity(name: NodeName, capacity: Body, who: str) -> NodeInventory | 
             f"{who} has capacity {contract.GPU_MEMORY}={memory}, not divisible by "
             f"{contract.GPU_NUMBER}={number}; cards of different sizes need the gpushare "
             f"device plugin, which publishes each card in a GPUNode resource"
+        )
+    if number > MAX_CARDS:
+        raise InvalidInventory(
+            f"{who} has capacity {contract.GPU_NUMBER}={number}, more cards than a node holds "
+            f"({MAX_CARDS} at most): no device plugin publishes that; correct the node's status"
         )
     # A node of Volcano's number strategy shows gpu-memory 0: whole cards only.
     per_card = memory // number

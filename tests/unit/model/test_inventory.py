@@ -90,6 +90,12 @@ def test_memory_not_divisible_by_the_card_count_is_refused() -> None:
         node_inventory(node({contract.GPU_MEMORY: "1000", contract.GPU_NUMBER: "3"}))
 
 
+def test_a_capacity_of_more_cards_than_a_node_holds_is_refused_at_once() -> None:
+    # 2**40 cards would be listed one by one: the operator's event loop held for good.
+    with pytest.raises(InvalidInventory, match=r"volcano\.sh/gpu-number=1099511627776, more cards"):
+        node_inventory(node({contract.GPU_MEMORY: str(2**40), contract.GPU_NUMBER: str(2**40)}))
+
+
 def test_a_bad_capacity_quantity_names_the_node() -> None:
     with pytest.raises(InvalidQuantity, match="node gpu-1 capacity"):
         node_inventory(node({contract.GPU_MEMORY: "1.5", contract.GPU_NUMBER: "1"}))
