@@ -67,6 +67,15 @@ def capacity_node(
     }
 
 
+def ready_node(name: str, memory: int, number: int) -> dict[str, Any]:
+    """`capacity_node`, Ready and with room for pods, as the operator's intake reads it."""
+    node = capacity_node(name, memory, number)
+    node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    node["status"]["allocatable"] = {**node["status"]["capacity"], "pods": "110"}
+    node["metadata"]["resourceVersion"] = "1"
+    return node
+
+
 def gpunode_resource(
     name: str, card_mib: list[int], *, unhealthy: tuple[int, ...] = ()
 ) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from builders import capacity_node, gpu_pod
+from builders import gpu_pod, ready_node
 
 from gpushare.kube.reflector import DELETED, MODIFIED
 from gpushare.model import CardIndex, NodeName
@@ -31,10 +31,7 @@ def intake() -> Intake:
         gangs=GangBook(),
         reporter=Reporter(api=None),  # type: ignore[arg-type]  # forget() makes no call
     )
-    node = capacity_node("n", 20000, 2)
-    node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
-    node["status"]["allocatable"] = {**node["status"]["capacity"], "pods": "110"}
-    node["metadata"]["resourceVersion"] = "1"
+    node = ready_node("n", 20000, 2)
     made.node_event("ADDED", node)
     return made
 
@@ -114,9 +111,7 @@ def test_a_node_that_changes_wakes_parked_pods() -> None:
     assert uid == "big"
     made.queue.park(uid)
     assert made.queue.depth().parked == 1
-    bigger = capacity_node("n", 40000, 2)
-    bigger["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
-    bigger["status"]["allocatable"] = {**bigger["status"]["capacity"], "pods": "110"}
+    bigger = ready_node("n", 40000, 2)
     bigger["metadata"]["resourceVersion"] = "2"
     made.node_event(MODIFIED, bigger)
     assert made.queue.depth().parked == 0

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from builders import capacity_node, gpu_pod
+from builders import gpu_pod, ready_node
 
 from gpushare.model import CardIndex, NodeName, PodRef
 from gpushare_operator.config import OperatorConfig
@@ -50,10 +50,7 @@ def loop(may_write: bool = True) -> tuple[Scheduler, Intake, Api, list[float]]:
         gangs=GangBook(),
         reporter=Reporter(api=None),  # type: ignore[arg-type]  # forget() makes no call
     )
-    node = capacity_node("n", 20000, 2)
-    node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
-    node["status"]["allocatable"] = {**node["status"]["capacity"], "pods": "110"}
-    node["metadata"]["resourceVersion"] = "1"
+    node = ready_node("n", 20000, 2)
     intake.node_event("ADDED", node)
     scheduler = Scheduler(
         cache=intake.cache,
