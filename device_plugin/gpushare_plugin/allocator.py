@@ -118,6 +118,8 @@ class Allocator:
                 wait_s = min(self._wait_s, BYPASS_WAIT_S) if unplaced else self._wait_s
                 left = started + wait_s - time.monotonic()
                 if left <= 0:
+                    # Which grace ran out says whether the node's admissions were held long.
+                    self._log.info("watch_grace_over", resource=kind.value, grace_s=wait_s)
                     raise
                 await self._pods.wait_change(left)
 
