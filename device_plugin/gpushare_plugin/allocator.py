@@ -177,6 +177,8 @@ class Allocator:
         or a busy one is queued again (a start is never forgotten); a refusal (the pod gone or
         replaced, a right missing) is logged and dropped."""
 
+        loop = asyncio.get_running_loop()
+
         async def work() -> None:
             while True:
                 pod = await self._pods.to_mark.get()
@@ -193,9 +195,8 @@ class Allocator:
                     self._log.warning(
                         "mark_assigned_failed", pod=str(pod.ref), error=str(error), retry=again
                     )
-                    if again:
-                        await asyncio.sleep(MARK_AGAIN_S)
-                        self._pods.to_mark.put_nowait(pod)
+                    if again:  # later, without holding this writer meanwhile
+                        loop.call_later(MARK_AGAIN_S, self._pods.to_mark.put_nowait, pod)
 
         async with asyncio.TaskGroup() as group:
             for _ in range(workers):
