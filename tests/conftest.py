@@ -1,5 +1,6 @@
 """Every test directory's: under CI (`CI` set, as `.ci/run` runs) a skipped test fails, so a
-missing package, no root or no control plane never passes a run unnoticed."""
+missing package, no root or no control plane never passes a run unnoticed. Each test's
+outcome is kept on its item for its fixtures' teardown (`outcome.failed`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 from collections.abc import Generator
 
 import pytest
+from outcome import CALL_FAILED
 
 
 @pytest.hookimpl(wrapper=True)
@@ -18,4 +20,6 @@ def pytest_runtest_makereport(
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.outcome = "failed"
         report.longrepr = f"skipped under CI, where every test must run: {reason}"
+    if report.when == "call":
+        item.stash[CALL_FAILED] = report.failed
     return report

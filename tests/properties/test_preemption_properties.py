@@ -262,6 +262,26 @@ def test_pods_of_equal_priority_are_never_victims() -> None:
     assert found == "no card would take it with pods of lower priority gone"
 
 
+def test_a_pod_asking_for_more_cards_than_a_node_has_gets_a_reason_not_a_crash() -> None:
+    # itertools.combinations allocates its index array at the size asked for: a pod with
+    # gpu-number 2**40 (the apiserver accepts it) once took the operator down with MemoryError.
+    ledger = Ledger()
+    node = NodeName("n")
+    ledger.set_node(
+        NodeInventory(
+            node=node,
+            cards=(Card(index=CardIndex(0), memory=10, healthy=True),),
+            unit_mib=1,
+            source=InventorySource.RESOURCE,
+        )
+    )
+    ref = PodRef(namespace="a", name="low", uid=PodUid("u1"))
+    ledger.add(Allocation(pod=ref, node=node, kind=GpuKind.NUMBER, cards=(CardIndex(0),), amount=1))
+    view = View(pods={ref.uid: Evictable(ref=ref, priority=0, started_s=0.0)})
+    found = preempt(ledger, whole(2**40), 100, view, node_check=lambda _n, _v: None)
+    assert isinstance(found, str), found
+
+
 def test_a_budget_that_forbids_the_cheaper_set_makes_the_next_one_chosen() -> None:
     ledger = Ledger()
     node = NodeName("n")

@@ -370,6 +370,8 @@ class _Search:
                 continue
             if all(self._evictable(uid) for uid in usage.pods):
                 usable.append((index, frozenset(usage.pods)))
+        if count > len(usable):
+            return  # also keeps `combinations` from allocating `count` indexes (2**40: none)
         for tried, chosen in enumerate(combinations(usable, count)):
             if tried >= MAX_SETS:
                 return

@@ -17,6 +17,7 @@ import pytest
 import pytest_asyncio
 from cluster import refused_rights
 from kubernetes_asyncio import client
+from outcome import print_logs
 
 from gpushare import kube
 from gpushare_harness import ControlPlane
@@ -59,7 +60,7 @@ async def operator_kubeconfig(plane: ControlPlane, core: client.CoreV1Api, tmp_p
 
 @pytest.fixture
 def start_operator(
-    operator_kubeconfig: Path, tmp_path: Path
+    operator_kubeconfig: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[Callable[..., OperatorProcess]]:
     started: list[OperatorProcess] = []
 
@@ -73,12 +74,13 @@ def start_operator(
     yield start
     for process in started:
         process.stop()
+    print_logs(request, started)
     refused_rights(started)
 
 
 @pytest_asyncio.fixture
 async def gpu_node(
-    plane: ControlPlane, core: client.CoreV1Api, tmp_path: Path
+    plane: ControlPlane, core: client.CoreV1Api, tmp_path: Path, request: pytest.FixtureRequest
 ) -> AsyncIterator[Callable[..., object]]:
     nodes: list[DeviceNode] = []
 
@@ -117,4 +119,5 @@ async def gpu_node(
     yield start
     for node in nodes:
         node.stop()
+    print_logs(request, [process for node in nodes for process in (node.plugin, node.kubelet)])
     refused_rights([node.plugin for node in nodes])

@@ -218,21 +218,37 @@ async def test_hostile_input_harms_no_one_and_forged_annotations_never_win_a_car
 
 
 def served_mib(pods: list[dict[str, Any]], kubelet_log: list[dict[str, Any]]) -> dict[str, int]:
-    """MiB per card that the running containers were given, as the kubelet started them;
-    each gpu-memory container started with the card its pod's `gpu-index` names, each card
-    given whole counted full."""
+    """MiB per card that the running pods were given, as the kubelet started their containers;
+    each gpu-memory container started with the card its pod's `gpu-index` names. A pod holds
+    what Kubernetes counts for it: the larger of its largest init container (they run one at a
+    time, before the rest) and the sum of its app containers. Each card given whole counts
+    full."""
     by_uid = {p["metadata"]["uid"]: p for p in pods if p["status"].get("phase") != "Failed"}
+    grants: dict[str, dict[str, int]] = {}  # pod uid: container: MiB
+    card_of: dict[str, str] = {}
+    whole: set[str] = set()
     given: dict[str, int] = {}
     for line in kubelet_log:
-        pod = by_uid.get(str(line.get("uid")))
+        uid = str(line.get("uid"))
+        pod = by_uid.get(uid)
         envs = line.get("envs") or {}
         if line.get("event") != "started" or pod is None or contract.ENV_GPU_ALLOCATED not in envs:
             continue
         cards = envs[contract.ENV_VISIBLE_DEVICES]
-        if gpu_request(pod).kind is GpuKind.MEMORY:
-            assert cards == pod["metadata"]["annotations"][contract.GPU_INDEX], (SEED, line)
-            given[cards] = given.get(cards, 0) + int(envs[contract.ENV_GPU_ALLOCATED])
-        else:  # whole cards: nobody else's
-            for card in cards.split(","):
-                given[card] = given.get(card, 0) + 11178
+        if gpu_request(pod).kind is not GpuKind.MEMORY:  # whole cards: nobody else's
+            whole.update(f"{uid}/{card}" for card in cards.split(","))
+            continue
+        assert cards == pod["metadata"]["annotations"][contract.GPU_INDEX], (SEED, line)
+        card_of[uid] = cards
+        grants.setdefault(uid, {})[str(line.get("container"))] = int(
+            envs[contract.ENV_GPU_ALLOCATED]
+        )
+    for uid, card in card_of.items():
+        init_names = {c["name"] for c in by_uid[uid]["spec"].get("initContainers") or []}
+        inits = [mib for name, mib in grants[uid].items() if name in init_names]
+        apps = [mib for name, mib in grants[uid].items() if name not in init_names]
+        given[card] = given.get(card, 0) + max(max(inits, default=0), sum(apps))
+    for held in whole:
+        card = held.split("/")[1]
+        given[card] = given.get(card, 0) + 11178
     return given
