@@ -18,7 +18,8 @@ LOG_LINES = 80
 
 def failed(request: pytest.FixtureRequest) -> bool:
     """Whether the test that `request` serves failed."""
-    return request.node.stash.get(CALL_FAILED, False)
+    item: pytest.Item = request.node
+    return item.stash.get(CALL_FAILED, False)
 
 
 def print_logs(request: pytest.FixtureRequest, processes: Iterable[LoggedProcess]) -> None:

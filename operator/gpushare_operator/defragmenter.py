@@ -23,6 +23,7 @@ from gpushare.kube.retry import WRITE, retry
 from gpushare.model import PodUid
 from gpushare.model.defrag import Defragmentation, Room
 from gpushare_operator.config import OperatorConfig
+from gpushare_operator.election import Fenced, WriteFence
 from gpushare_operator.kubeapi import SchedulerApi
 from gpushare_operator.metrics import MIB, SchedulerMetrics
 from gpushare_operator.reporting import Reporter
@@ -44,9 +45,12 @@ class Defragmenter:
         reporter: Reporter,
         metrics: SchedulerMetrics,
         config: Callable[[], OperatorConfig],
+        fence: WriteFence,
     ) -> None:
+        """`fence`: asked before each eviction."""
         self._cache = cache
         self._gangs = gangs
+        self._fence = fence
         self._api = api
         self._reporter = reporter
         self._metrics = metrics
@@ -97,8 +101,9 @@ class Defragmenter:
         where = f"node {room.placement.node} card {room.placement.cards[0]}"
         for move in room.moves:
             try:
+                self._fence.check(f"evict {move.pod}")
                 await retry(functools.partial(self._api.evict, move.pod), WRITE)
-            except (ApiError, OSError, TimeoutError) as error:
+            except (ApiError, OSError, TimeoutError, Fenced) as error:
                 if isinstance(error, ApiError) and error.status == 404:
                     continue
                 self._log.warning("defrag_eviction_refused", pod=str(move.pod), error=str(error))

@@ -32,6 +32,29 @@ from gpushare_operator.config import OperatorConfig, live_view
 from gpushare_operator.kubeapi import SchedulerApi
 
 
+class Fenced(Exception):
+    """A write not sent: this replica may no longer lead (`WriteFence`)."""
+
+
+class WriteFence:
+    """What each write only the leader may send (a Binding, an eviction) asks first, in the
+    scheduler, the defragmenter and the over-use guard alike. A replica paused past its Lease
+    (SIGSTOP, a stalled VM) resumes sure it leads until its next round, while a standby may
+    already lead: none of its writes is sent then."""
+
+    def __init__(self, may_write: Callable[[], bool]) -> None:
+        """`may_write`: `LeaseElector.fresh`, or always true without leader election."""
+        self._may_write = may_write
+
+    def check(self, write: str) -> None:
+        """Return if `write` may be sent now, else raise Fenced saying why not."""
+        if not self._may_write():
+            raise Fenced(
+                f"{write} not sent: this replica's Lease was not renewed within the renew "
+                f"deadline (paused, or cut off from the apiserver); another may lead now"
+            )
+
+
 class LeaseElector:
     def __init__(
         self,
@@ -75,8 +98,7 @@ class LeaseElector:
     def fresh(self) -> bool:
         """Leading, with the Lease renewed within the renew deadline (shorter than the Lease):
         no standby can have taken it yet. A replica paused past its Lease (SIGSTOP, a stalled
-        VM) resumes sure it leads until its next round; each bind attempt and eviction checks
-        this first, so none is sent then."""
+        VM) resumes sure it leads until its next round: `WriteFence` asks this first."""
         since = self._monotonic() - self._renewed_at
         return self.leading and since <= self._config().renew_deadline_s
 

@@ -18,6 +18,7 @@ from gpushare.kube.clock import parse_time
 from gpushare.model.measured import measured_of
 from gpushare.model.overuse import OverUse, OverUseWatch
 from gpushare_operator.config import OperatorConfig
+from gpushare_operator.election import Fenced, WriteFence
 from gpushare_operator.kubeapi import SchedulerApi
 from gpushare_operator.metrics import SchedulerMetrics
 from gpushare_operator.reporting import Reporter
@@ -35,9 +36,12 @@ class OverUseGuard:
         reporter: Reporter,
         metrics: SchedulerMetrics,
         config: Callable[[], OperatorConfig],
+        fence: WriteFence,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """`fence`: asked before each eviction."""
         self._cache = cache
+        self._fence = fence
         self._api = api
         self._reporter = reporter
         self._metrics = metrics
@@ -77,6 +81,12 @@ class OverUseGuard:
             log.warning("over_use", container=action.use.container, message=action.message)
             self._reporter.event(pod, OVER_USE, action.message, warning=True)
             self._metrics.over_use.labels("warned").inc()
+            return
+        try:
+            self._fence.check(f"evict {pod}")
+        except Fenced as fenced:
+            self._watch.retry_later(action, self._clock())  # by the leader, whichever it is
+            log.warning("over_use_eviction_fenced", error=str(fenced))
             return
         try:
             await self._api.evict(pod)

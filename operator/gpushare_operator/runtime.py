@@ -26,7 +26,7 @@ from gpushare.model.bodies import Body, path, text
 from gpushare.model.gangs import GroupApi
 from gpushare_operator.config import ConfigError, OperatorConfig, describe, with_live
 from gpushare_operator.defragmenter import Defragmenter
-from gpushare_operator.election import LeaseElector
+from gpushare_operator.election import LeaseElector, WriteFence
 from gpushare_operator.intake import Intake
 from gpushare_operator.kubeapi import SchedulerApi
 from gpushare_operator.metrics import SchedulerMetrics
@@ -83,6 +83,7 @@ class Runtime:
         self.intake = Intake(
             cache=self.cache, queue=self.queue, gangs=self.gangs, reporter=self.reporter
         )
+        fence = WriteFence(self._may_write)
         self.scheduler = Scheduler(
             cache=self.cache,
             queue=self.queue,
@@ -92,7 +93,7 @@ class Runtime:
             metrics=self.metrics,
             config=self.current_config,
             findings=self.intake.findings,
-            may_write=self._may_write,
+            fence=fence,
         )
         self.status = StatusWriter(
             cache=self.cache,
@@ -107,6 +108,7 @@ class Runtime:
             reporter=self.reporter,
             metrics=self.metrics,
             config=self.current_config,
+            fence=fence,
         )
         self.defragmenter = Defragmenter(
             cache=self.cache,
@@ -115,6 +117,7 @@ class Runtime:
             reporter=self.reporter,
             metrics=self.metrics,
             config=self.current_config,
+            fence=fence,
         )
         self.elector = LeaseElector(
             api,

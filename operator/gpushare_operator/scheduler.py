@@ -35,6 +35,7 @@ from gpushare.kube.retry import (
 from gpushare.model import Placement, PodRef, PodUid, contract
 from gpushare.model.gangs import GroupKey, GroupSpec
 from gpushare_operator.config import OperatorConfig
+from gpushare_operator.election import Fenced, WriteFence
 from gpushare_operator.kubeapi import SchedulerApi
 from gpushare_operator.metrics import SchedulerMetrics
 from gpushare_operator.reporting import Reporter
@@ -62,10 +63,6 @@ PREEMPTING = "Preempting"
 PREEMPTED = "Preempted"  # kube-scheduler's reason on a victim
 
 
-class _Fenced(Exception):
-    """A write not sent: this replica may no longer lead (`Scheduler._fence`)."""
-
-
 @dataclass(frozen=True, slots=True)
 class _Decision:
     pod: PodInfo
@@ -84,10 +81,9 @@ class Scheduler:
         metrics: SchedulerMetrics,
         config: Callable[[], OperatorConfig],
         findings: asyncio.Queue[tuple[str, PodInfo]],
-        may_write: Callable[[], bool],
+        fence: WriteFence,
     ) -> None:
-        """`may_write`: whether this replica's Lease is fresh (`LeaseElector.fresh`); no
-        Binding or eviction is sent while it is not."""
+        """`fence`: asked before each Binding and eviction."""
         self.cache = cache
         self.queue = queue
         self.gangs = gangs
@@ -96,7 +92,7 @@ class Scheduler:
         self._metrics = metrics
         self._config = config
         self._findings = findings
-        self._may_write = may_write
+        self._fence = fence
         self._in_flight: set[asyncio.Task[None]] = set()  # binds and evictions
         self._slots = asyncio.Semaphore(config().max_concurrent_binds)
         self._log = logs.get("scheduler")
@@ -258,9 +254,9 @@ class Scheduler:
         """Evict one victim through the Eviction API. A refusal (a PodDisruptionBudget that
         changed meanwhile, say) ends the nomination: the preemptor chooses again."""
         try:
-            self._fence(f"evict {victim}")
+            self._fence.check(f"evict {victim}")
             await retry(lambda: self._api.evict(victim), WRITE)
-        except (ApiError, OSError, TimeoutError, _Fenced) as error:
+        except (ApiError, OSError, TimeoutError, Fenced) as error:
             if isinstance(error, ApiError) and error.status == 404:
                 return  # gone already: room made all the same
             self._log.warning(
@@ -324,18 +320,11 @@ class Scheduler:
 
     async def _evict(self, pod: PodRef) -> None:
         try:
-            self._fence(f"evict {pod}")
+            self._fence.check(f"evict {pod}")
             await retry(lambda: self._api.evict(pod), WRITE)
-        except (ApiError, OSError, TimeoutError, _Fenced) as error:
+        except (ApiError, OSError, TimeoutError, Fenced) as error:
             if not isinstance(error, ApiError) or error.status != 404:
                 self._log.warning("evict_failed", pod=str(pod), error=str(error))
-
-    def _fence(self, write: str) -> None:
-        if not self._may_write():
-            raise _Fenced(
-                f"{write} not sent: this replica's Lease was not renewed within the renew "
-                f"deadline (paused, or cut off from the apiserver); another may lead now"
-            )
 
     # -- binding cycle (concurrent) ------------------------------------------------------
 
@@ -376,8 +365,8 @@ class Scheduler:
         delays = policy.backoff.delays()  # one after each failure, the last one's too
         for attempt in range(1, BIND_ATTEMPTS + 1):
             try:
-                self._fence(f"bind {pod}")
-            except _Fenced as fenced:
+                self._fence.check(f"bind {pod}")
+            except Fenced as fenced:
                 self._requeue(pod, log, str(fenced))
                 return
             try:

@@ -13,6 +13,7 @@ from builders import gpu_pod, ready_node
 
 from gpushare.model import CardIndex, NodeName, PodRef
 from gpushare_operator.config import OperatorConfig
+from gpushare_operator.election import WriteFence
 from gpushare_operator.intake import Intake
 from gpushare_operator.metrics import SchedulerMetrics
 from gpushare_operator.reporting import Reporter
@@ -61,7 +62,7 @@ def loop(may_write: bool = True) -> tuple[Scheduler, Intake, Api, list[float]]:
         metrics=SchedulerMetrics(),
         config=config,
         findings=asyncio.Queue(),
-        may_write=lambda: may_write,
+        fence=WriteFence(lambda: may_write),
     )
     return scheduler, intake, api, now
 

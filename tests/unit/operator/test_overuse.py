@@ -1,0 +1,83 @@
+"""The over-use guard evicts a container over its share once the grace ran out, only while
+this replica's Lease is fresh: a paused leader resuming after a standby took over must not."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpushare.kube.clock import rfc3339
+from gpushare.model import contract
+from gpushare.model.annotations import CardIndex
+from gpushare.model.measured import ContainerUse, MeasuredUsage
+from gpushare.model.overuse import OverUsePolicy
+from gpushare.model.usage import PodRef, PodUid
+from gpushare_operator.config import OperatorConfig
+from gpushare_operator.election import WriteFence
+from gpushare_operator.metrics import SchedulerMetrics
+from gpushare_operator.overuse import OverUseGuard
+from gpushare_operator.reporting import Reporter
+from gpushare_operator.scheduling.cache import SchedulerCache
+
+pytestmark = pytest.mark.asyncio
+
+CONFIG = OperatorConfig(
+    scheduler_names=frozenset({"volcano"}),
+    over_use_policy=OverUsePolicy.EVICT,
+    over_use_grace_s=30,
+)
+HOG = PodRef(namespace="team", name="hog", uid=PodUid("u-hog"))
+
+
+class Api:
+    def __init__(self) -> None:
+        self.evicted: list[str] = []
+
+    async def evict(self, pod: PodRef) -> None:
+        self.evicted.append(pod.name)
+
+
+def measured_at(now: float) -> dict[str, object]:
+    """node-1's GPUNode, its plugin having measured `HOG` at 3000 MiB of its 1000 at `now`."""
+    use = ContainerUse(
+        pod=HOG, container="main", card=CardIndex(0), used_mib=3000, granted_mib=1000
+    )
+    usage = MeasuredUsage(at=rfc3339(now), containers=(use,), unmapped_mib={})
+    return {
+        "metadata": {
+            "name": "node-1",
+            "annotations": {contract.MEASURED_USAGE: usage.to_annotation()},
+        }
+    }
+
+
+async def test_a_pod_over_its_share_is_evicted_only_while_the_lease_is_fresh() -> None:
+    now = [1_000_000.0]
+    fresh = [False]
+    api = Api()
+    cache = SchedulerCache(config=lambda: CONFIG)
+    guard = OverUseGuard(
+        cache=cache,
+        api=api,  # type: ignore[arg-type]  # evictions are all it makes here
+        reporter=Reporter(api=api),  # type: ignore[arg-type]  # queued, never sent here
+        metrics=SchedulerMetrics(),
+        config=lambda: CONFIG,
+        fence=WriteFence(lambda: fresh[0]),
+        clock=lambda: now[0],
+    )
+    cache.observe_gpunode(measured_at(now[0]))
+    await guard.check()  # over its share: the grace starts
+    now[0] += CONFIG.over_use_grace_s
+    cache.observe_gpunode(measured_at(now[0]))
+    await guard.check()  # due, but the Lease is stale: another replica may lead
+    assert api.evicted == []
+
+    fresh[0] = True
+    now[0] += 1
+    cache.observe_gpunode(measured_at(now[0]))
+    await guard.check()
+    assert api.evicted == []  # a new grace: the leader, whichever it is, judges again
+
+    now[0] += CONFIG.over_use_grace_s
+    cache.observe_gpunode(measured_at(now[0]))
+    await guard.check()
+    assert api.evicted == ["hog"]
