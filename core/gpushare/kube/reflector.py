@@ -41,6 +41,11 @@ MODIFIED = "MODIFIED"
 PAGE_SIZE = 500  # client-go's pager uses the same
 LIST_TIMEOUT_S = 300  # a LIST of a large cluster is slow
 WATCH_S = 300
+WATCH_IDLE_S = 120.0
+"""A watch silent this long is taken for dead and opened again: the apiserver sends a bookmark
+on a quiet watch every minute, so two missed are a connection that went half-open (a NAT or
+load balancer that lost its state sends no reset; without this, the owner would see nothing
+until the watch's own end, `WATCH_S` later)."""
 NOT_SERVED_S = 30.0
 """How often an optional resource the apiserver does not serve (a CRD not installed) is
 looked for again."""
@@ -89,9 +94,12 @@ async def list_pages(
             return
 
 
-async def watch(call: ListCall, resource_version: str) -> AsyncIterator[tuple[str, Item]]:
+async def watch(
+    call: ListCall, resource_version: str, *, idle_s: float = WATCH_IDLE_S
+) -> AsyncIterator[tuple[str, Item]]:
     """(type, object) events after `resource_version` until the server ends the watch;
-    WatchExpired when the version is too old, ApiError on any other refusal."""
+    WatchExpired when the version is too old, ApiError on any other refusal, TimeoutError
+    (aiohttp's ServerTimeoutError) after `idle_s` without a byte."""
     response = cast(
         aiohttp.ClientResponse,
         await call(
@@ -100,7 +108,7 @@ async def watch(call: ListCall, resource_version: str) -> AsyncIterator[tuple[st
             resource_version=resource_version,
             timeout_seconds=WATCH_S,
             _preload_content=False,
-            _request_timeout=WATCH_S + 30,
+            _request_timeout=aiohttp.ClientTimeout(total=WATCH_S + 30, sock_read=idle_s),
         ),
     )
     async with response:
@@ -150,12 +158,14 @@ class Reflector(Generic[T]):
         key: Callable[[Item], str] = uid_of,
         optional: bool = False,
         page_size: int = PAGE_SIZE,
+        idle_s: float = WATCH_IDLE_S,
     ) -> None:
         """`transform(object)`: what the owner keeps of each object (parsed, or slimmed).
         `on_event(event type, transformed object)`: each object of a LIST (type LISTED) and
         each watched change. `on_listed(keys, resourceVersion)`: a LIST is complete and these
         were its objects' keys; whatever else the owner holds is gone. `optional`: a 404 (the
-        resource's CRD is not installed) lists as empty, and the reflector looks again later."""
+        resource's CRD is not installed) lists as empty, and the reflector looks again later.
+        `idle_s`: how long a silent watch is trusted (`WATCH_IDLE_S`)."""
         self.resource = resource
         self._call = call
         self._on_event = on_event
@@ -164,6 +174,7 @@ class Reflector(Generic[T]):
         self._transform = transform
         self._optional = optional
         self._page_size = page_size
+        self._idle_s = idle_s
         self.synced = asyncio.Event()
         """Set once the first LIST has been handed over."""
         self.listed_at = 0.0
@@ -217,7 +228,7 @@ class Reflector(Generic[T]):
                     version = await self._list()
                     delays = WATCH.delays()
                 opened, events = time.monotonic(), 0
-                async for event_type, body in watch(self._call, version):
+                async for event_type, body in watch(self._call, version, idle_s=self._idle_s):
                     events += 1
                     version = str((body.get("metadata") or {}).get("resourceVersion") or version)
                     if event_type != "BOOKMARK":

@@ -27,7 +27,6 @@ Afterwards, every pod is accounted for:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import itertools
 import json
@@ -67,6 +66,7 @@ from gpushare_harness.identities import (
 from gpushare_harness.kubelet import KubeletHarness
 from gpushare_harness.operator import OperatorProcess
 from gpushare_harness.plugin import PluginProcess
+from gpushare_harness.relay import Relay, through
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio, pytest.mark.timeout(900)]
 
@@ -113,76 +113,6 @@ class FakeNode:
             log=logs / f"{name}-plugin.log",
             args=[f"--gpu-memory-factor={UNIT_MIB}"],
         )
-
-
-class Relay:
-    """A loopback TCP relay between one device plugin and the apiserver (TLS passes through
-    untouched); `sever` drops its connections and refuses new ones, as a network partition
-    between the node and the control plane does, until `heal`."""
-
-    def __init__(self, upstream: int) -> None:
-        self.upstream = upstream
-        self.severed = False
-        self._pumps: set[asyncio.Task[None]] = set()
-        self._server: asyncio.Server | None = None
-
-    async def start(self) -> int:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return int(self._server.sockets[0].getsockname()[1])
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.severed:
-            writer.close()
-            return
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
-        except OSError:  # the apiserver restarting: the caller sees a reset
-            writer.close()
-            return
-
-        async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(OSError):
-                while data := await source.read(65536):
-                    sink.write(data)
-                    await sink.drain()
-
-        pumps = {
-            asyncio.create_task(pump(reader, up_writer)),
-            asyncio.create_task(pump(up_reader, writer)),
-        }
-        self._pumps |= pumps
-        try:
-            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in pumps:
-                task.cancel()
-            await asyncio.gather(*pumps, return_exceptions=True)
-            self._pumps -= pumps
-            for end in (writer, up_writer):
-                end.close()
-
-    def sever(self) -> None:
-        self.severed = True
-        for task in list(self._pumps):
-            task.cancel()
-
-    def heal(self) -> None:
-        self.severed = False
-
-    async def close(self) -> None:
-        self.sever()
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-
-
-def through(kubeconfig: Path, port: int) -> Path:
-    """The kubeconfig, reaching the apiserver at `port` on loopback instead."""
-    config = yaml.safe_load(kubeconfig.read_text())
-    server = config["clusters"][0]["cluster"]["server"]
-    config["clusters"][0]["cluster"]["server"] = f"{server.rsplit(':', 1)[0]}:{port}"
-    kubeconfig.write_text(yaml.safe_dump(config))
-    return kubeconfig
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,24 @@
 """The list-then-watch that feeds the operator's cache and the plugin's, against the real
 apiserver: paged lists, whole events however large, deletions missed while not watching,
-and a resource whose CRD is not installed."""
+a resource whose CRD is not installed, and a watch whose connection went silent."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from cluster import create_pod, eventually, gpu_pod
 from kubernetes_asyncio import client
 
+from gpushare import kube
 from gpushare.kube.reflector import LISTED, Reflector, name_of
+from gpushare_harness import ControlPlane
+from gpushare_harness.relay import Relay, through
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -161,3 +167,31 @@ async def test_an_owner_failing_on_one_object_still_gets_every_other(
         await eventually(watched, timeout_s=20, what="the watch to go on after the failure")
     finally:
         await reflector.stop()
+
+
+async def test_a_watch_gone_silent_is_opened_again_and_misses_nothing(
+    plane: ControlPlane, core: client.CoreV1Api, tmp_path: Path
+) -> None:
+    server = yaml.safe_load(plane.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    relay = Relay(int(server.rsplit(":", 1)[1]))
+    config = through(Path(shutil.copy(plane.kubeconfig, tmp_path / "relayed")), await relay.start())
+    owner = Owner()
+    try:
+        async with await kube.api_client(config) as relayed:
+            reflector = pod_reflector(client.CoreV1Api(relayed), owner, idle_s=2)
+            reflector.start()
+            try:
+                await asyncio.wait_for(reflector.synced.wait(), 30)
+                # Half-open: the watch's connection stays, but nothing comes through it.
+                assert relay.stall() >= 1
+                await create_pod(core, gpu_pod("after-the-stall", 1024))
+
+                async def seen() -> bool:
+                    return "after-the-stall" in owner.held
+
+                # The watch's own end would come WATCH_S (5 minutes) later.
+                await eventually(seen, timeout_s=30, what="the watch to be opened again")
+            finally:
+                await reflector.stop()
+    finally:
+        await relay.close()
