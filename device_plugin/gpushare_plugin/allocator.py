@@ -101,11 +101,13 @@ class Allocator:
         return grants
 
     async def _match_waiting(self, kind: GpuKind, counts: Sequence[int]) -> list[ContainerGrant]:
-        """Match, giving the watch up to `wait_s` to deliver a pod the kubelet saw first; only
-        `BYPASS_WAIT_S` when a pod no scheduler placed, of that size, is on the node: the
-        kubelet is most likely starting it, and every pod behind it waits on this lock."""
+        """Match, giving the watch up to `wait_s` to deliver a pod the kubelet saw first (half
+        way through, the node's pods are listed again); only `BYPASS_WAIT_S` when a pod no
+        scheduler placed, of that size, is on the node: the kubelet is most likely starting
+        it, and every pod behind it waits on this lock."""
         started = time.monotonic()
         await asyncio.wait_for(self._pods.synced.wait(), timeout=self._wait_s)
+        listed_again = False
         while True:
             try:
                 return self._match(kind, counts)
@@ -116,12 +118,19 @@ class Allocator:
                     self._pods.pods(), kind=kind, schedulers=self._schedulers, count=counts[0]
                 )
                 wait_s = min(self._wait_s, BYPASS_WAIT_S) if unplaced else self._wait_s
-                left = started + wait_s - time.monotonic()
-                if left <= 0:
+                waited = time.monotonic() - started
+                if waited >= wait_s:
                     # Which grace ran out says whether the node's admissions were held long.
                     self._log.info("watch_grace_over", resource=kind.value, grace_s=wait_s)
                     raise
-                await self._pods.wait_change(left)
+                if not unplaced and not listed_again and waited >= wait_s / 2:
+                    # Half the grace and still no pod: the watch lags or its connection went
+                    # quiet (half-open); one LIST of the node's pods answers either way.
+                    listed_again = True
+                    self._log.info("watch_late", resource=kind.value, waited_s=round(waited, 3))
+                    self._pods.list_again()
+                until = wait_s if unplaced or listed_again else wait_s / 2
+                await self._pods.wait_change(until - waited)
 
     async def allocate(self, kind: GpuKind, counts: Sequence[int]) -> list[ContainerGrant]:
         started = time.perf_counter()

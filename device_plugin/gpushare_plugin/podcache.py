@@ -1,9 +1,10 @@
 """A watch cache of the pods bound to this node: what Allocate matches against.
 
 A Reflector (a LIST, then a WATCH resumed from the last version seen; a new LIST after a
-410) keeps it current. Each pod is parsed once into a `BoundPod`. Allocate never lists: when
-its pod is not in the cache yet (the kubelet saw the binding first), it waits on
-`wait_change` for the watch to catch up.
+410) keeps it current. Each pod is parsed once into a `BoundPod`. Allocate does not list:
+when its pod is not in the cache yet (the kubelet saw the binding first), it waits on
+`wait_change` for the watch to catch up, and only a watch late by half the grace has the
+node's pods listed again (`list_again`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class PodCache:
             on_listed=self._listed,
         )
         self.synced = self._reflector.synced
+        self._listing: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
         self._log = logs.get("podcache", node=node)
 
@@ -56,7 +58,24 @@ class PodCache:
 
     async def run(self) -> None:
         """Keep the cache current for ever (cancel to stop)."""
-        await self._reflector.run()
+        self._reflector.start()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            listing = self._listing
+            if listing is not None:
+                listing.cancel()
+            await self._reflector.stop()
+            if listing is not None:
+                await asyncio.gather(listing, return_exceptions=True)
+
+    def list_again(self) -> None:
+        """LIST the node's pods anew, in the background: the watch is late delivering a pod the
+        kubelet already admits. A LIST still under way from an earlier call is given up (it
+        may hang on a pooled connection gone half-open, which giving it up closes)."""
+        if self._listing is not None:
+            self._listing.cancel()
+        self._listing = asyncio.create_task(self._reflector.relist(), name="pods listed again")
 
     def _notify(self) -> None:
         self._changed.set()

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, cast
 
+import aiohttp
 from kubernetes_asyncio import client
 
 from gpushare.kube import ApiError, post_protobuf, protobuf, raw_json, read_pod
@@ -27,6 +28,8 @@ from gpushare.model import PodRef, contract
 from gpushare.model.gangs import PLURAL, GroupApi, GroupKey
 
 COMPONENT = "gpushare-scheduler"
+LEADER_WRITES = ("/binding", "/eviction")
+"""The paths of the writes only the leader may send (`KubeSchedulerApi.fence_leader_writes`)."""
 
 
 class SchedulerApi(Protocol):
@@ -117,6 +120,28 @@ class KubeSchedulerApi:
         self._admission = client.AdmissionregistrationV1Api(api)
         self._identity = identity
         self._timeout = timeout_s
+
+    def fence_leader_writes(self, check: Callable[[str], None]) -> None:
+        """Have `check` (`WriteFence.check`, which raises when this replica may no longer
+        lead) asked again for each Binding and eviction as its bytes are about to go out:
+        once its connection is had, with no wait for the pool, a TLS handshake or the event
+        loop left between the check and the send. The writers' own check, made before, cannot
+        see a pause (SIGSTOP, a stalled VM) that falls after it: such a bind went out on
+        resume, after the standby had taken over, and overfilled a card."""
+
+        async def headers_ready(
+            _session: aiohttp.ClientSession,
+            _context: object,
+            params: aiohttp.TraceRequestHeadersSentParams,
+        ) -> None:
+            if params.url.path.endswith(LEADER_WRITES):
+                check(f"{params.method} {params.url.path}")
+
+        trace = aiohttp.TraceConfig()
+        trace.on_request_headers_sent.append(headers_ready)
+        trace.freeze()
+        session: aiohttp.ClientSession = self._api.rest_client.pool_manager
+        session.trace_configs.append(trace)
 
     def lister(self, resource: str) -> ListCall:
         if resource == "pods":

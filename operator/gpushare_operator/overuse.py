@@ -84,12 +84,11 @@ class OverUseGuard:
             return
         try:
             self._fence.check(f"evict {pod}")
+            await self._api.evict(pod)
         except Fenced as fenced:
             self._watch.retry_later(action, self._clock())  # by the leader, whichever it is
             log.warning("over_use_eviction_fenced", error=str(fenced))
             return
-        try:
-            await self._api.evict(pod)
         except (ApiError, OSError, TimeoutError) as error:
             if isinstance(error, ApiError) and error.status == 404:
                 return  # gone already

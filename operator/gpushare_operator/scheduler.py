@@ -373,6 +373,9 @@ class Scheduler:
                 async with asyncio.timeout(config.bind_timeout_s):
                     await self._api.bind(pod, node, annotations)
                 break
+            except Fenced as fenced:  # paused since the check above: never sent
+                self._requeue(pod, log, str(fenced))
+                return
             except ApiError as error:
                 if error.status == 404:  # deleted meanwhile
                     self._dropped(pod, log, error)

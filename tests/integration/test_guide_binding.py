@@ -1,5 +1,6 @@
 """The guide's scenario against a real kube-apiserver: a Binding carries the GPU annotations
-and the apiserver writes them together with spec.nodeName."""
+and the apiserver writes them together with spec.nodeName; a replica that may no longer lead
+sends none."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from gpushare.model import (
     pod_ref,
 )
 from gpushare_harness import FakeGpuNode, create_gpu_node
+from gpushare_operator.election import Fenced, WriteFence
 from gpushare_operator.kubeapi import COMPONENT, KubeSchedulerApi
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -161,3 +163,25 @@ async def test_the_scheduled_event_reads_as_kubectl_shows_it(
     await api.repeat_event(namespace, name, message="again", count=2)
     [again] = await events_of(core, "gpu-pod4", namespace)
     assert (again["message"], again["count"]) == ("again", 2)
+
+
+async def test_a_binding_or_eviction_refused_by_the_fence_as_it_goes_out_is_never_sent(
+    api_client: client.ApiClient, core: client.CoreV1Api, namespace: str
+) -> None:
+    # The writers ask the fence before they call; this is the last ask, once the request has
+    # its connection, for a replica paused in between (the Lease was stale by the time).
+    await core.create_namespaced_pod(namespace, guide_pod("gpu-pod5", namespace))
+    pod = pod_ref(await raw_pod(core, "gpu-pod5", namespace))
+    api = KubeSchedulerApi(api_client, identity="gpushare-0", timeout_s=30)
+    leading = [False]
+    api.fence_leader_writes(WriteFence(lambda: leading[0]).check)
+    with pytest.raises(Fenced, match="binding not sent"):
+        await api.bind(pod, "n", {contract.GPU_INDEX: "0"})
+    with pytest.raises(Fenced, match="eviction not sent"):
+        await api.evict(pod)
+    assert "nodeName" not in (await raw_pod(core, "gpu-pod5", namespace))["spec"]
+    await api.post_event(pod, event_type="Normal", reason="Test", message="other writes go on")
+
+    leading[0] = True
+    await api.bind(pod, "n", {contract.GPU_INDEX: "0"})
+    assert (await raw_pod(core, "gpu-pod5", namespace))["spec"]["nodeName"] == "n"

@@ -40,6 +40,9 @@ DELETED = "DELETED"
 MODIFIED = "MODIFIED"
 PAGE_SIZE = 500  # client-go's pager uses the same
 LIST_TIMEOUT_S = 300  # a LIST of a large cluster is slow
+LIST_IDLE_S = 60.0
+"""A page of a LIST that sends no byte this long is taken for a dead connection (a pooled one
+gone half-open): the LIST starts over on another rather than wait out `LIST_TIMEOUT_S`."""
 WATCH_S = 300
 WATCH_IDLE_S = 120.0
 """A watch silent this long is taken for dead and opened again: the apiserver sends a bookmark
@@ -75,7 +78,7 @@ async def list_pages(
         page: dict[str, Any] = {
             "limit": page_size,
             "_preload_content": False,
-            "_request_timeout": LIST_TIMEOUT_S,
+            "_request_timeout": aiohttp.ClientTimeout(total=LIST_TIMEOUT_S, sock_read=LIST_IDLE_S),
         }
         if token:
             page["_continue"] = token

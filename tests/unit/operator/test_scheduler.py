@@ -41,10 +41,21 @@ class Api:
         await asyncio.Event().wait()
 
 
-def loop(may_write: bool = True) -> tuple[Scheduler, Intake, Api, list[float]]:
+class FencedAtSend(Api):
+    """Its client's last check refuses every bind as it goes out (the Lease went stale while
+    the bind waited for its connection)."""
+
+    async def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> None:
+        self.binds.append(pod.name)
+        WriteFence(lambda: False).check("POST binding")
+
+
+def loop(
+    may_write: bool = True, api: Api | None = None
+) -> tuple[Scheduler, Intake, Api, list[float]]:
     config = lambda: CONFIG  # noqa: E731
     now = [100.0]
-    api = Api()
+    api = api or Api()
     intake = Intake(
         cache=SchedulerCache(config=config, clock=lambda: 1000.0),
         queue=SchedulingQueue(config=config, clock=lambda: now[0]),
@@ -110,3 +121,19 @@ async def test_no_binding_is_sent_while_the_lease_is_stale() -> None:
     assert intake.queue.pop_ready() is None  # decided, not sent: backing off...
     now[0] += CONFIG.backoff_initial_s
     assert intake.queue.pop_ready() == "a"  # ...to be decided again
+
+
+async def test_a_bind_fenced_as_it_goes_out_leaves_the_pod_queued_and_its_card_free() -> None:
+    scheduler, intake, api, now = loop(api=FencedAtSend())
+    intake.pod_event("ADDED", pending("a"))
+    running = asyncio.create_task(scheduler.run())
+    for _ in range(100):
+        await asyncio.sleep(0)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert api.binds == ["a"]  # tried once, not retried as if the apiserver had failed
+    assert held(intake) == 0
+    assert intake.queue.pop_ready() is None
+    now[0] += CONFIG.backoff_initial_s
+    assert intake.queue.pop_ready() == "a"

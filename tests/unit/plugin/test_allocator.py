@@ -17,6 +17,7 @@ import grpc
 import pytest
 import yaml
 from builders import gpu_pod
+from scripted import Answer
 
 from gpushare.kube import ApiError
 from gpushare.kube.retry import Backoff, RetryPolicy
@@ -68,14 +69,39 @@ def pod(name: str, at: int, *, card: str, admitted: bool = False) -> Any:
     return bound_pod(body)
 
 
-def plugin(tmp_path: Path, *pods: Any, wait_s: float = 0.2) -> tuple[Allocator, PodCache, Api]:
+class QuietWatch(Api):
+    """An apiserver whose watches go quiet at once (a half-open connection); its LISTs of the
+    node's pods answer `listings` in turn (the last one again once they run out)."""
+
+    def __init__(self, *listings: list[dict[str, Any]]) -> None:
+        super().__init__()
+        self.listings = list(listings)
+        self.lists = 0
+
+    def pod_lister(self, node: str) -> Any:
+        async def call(**params: Any) -> Answer:
+            if params.get("watch"):
+                await asyncio.Event().wait()
+            self.lists += 1
+            items = self.listings[min(self.lists, len(self.listings)) - 1]
+            return Answer(200, {"metadata": {"resourceVersion": str(self.lists)}, "items": items})
+
+        return call
+
+
+def plugin(
+    tmp_path: Path, *pods: Any, wait_s: float = 0.2, api: Api | None = None
+) -> tuple[Allocator, PodCache, Api]:
+    """An allocator over two 1024-unit cards; its pod cache holds `pods`, or, given an `api`,
+    what that apiserver lists once the cache runs."""
     spec = tmp_path / "cards.yaml"
     spec.write_text(yaml.safe_dump({"cards": [{"memoryMiB": 1024}, {"memoryMiB": 1024}]}))
     table = DeviceTable(node="n", cards=FakeDiscovery(f"@{spec}", node="n").cards(), unit_mib=1)
-    api = Api()
-    cache = PodCache(api, "n")  # type: ignore[arg-type]
-    cache._listed(set(), "1")
-    cache.synced.set()
+    cache = PodCache(api or Api(), "n")  # type: ignore[arg-type]
+    if api is None:
+        api = Api()
+        cache._listed(set(), "1")
+        cache.synced.set()
     for each in pods:
         cache._apply("ADDED", each)
     allocator = Allocator(
@@ -228,3 +254,22 @@ async def test_a_pod_whose_card_the_node_lacks_is_refused_at_once_not_after_the_
     async with asyncio.timeout(5):
         with pytest.raises(NoCandidate, match="card 9, which the node does not have"):
             await allocate(allocator)
+
+
+@pytest.mark.asyncio
+async def test_a_pod_the_quiet_watch_never_shows_is_listed_within_the_grace(
+    tmp_path: Path,
+) -> None:
+    # The kubelet admits a pod bound after the plugin's watch went quiet: waiting out the
+    # whole grace would refuse it; half way, the node's pods are listed again.
+    late = gpu_pod("late", UNITS, node="n", index="0", uid="late")
+    late["metadata"]["annotations"][contract.PREDICATE_TIME] = "1"
+    apiserver = QuietWatch([], [late])
+    allocator, cache, _ = plugin(tmp_path, wait_s=4, api=apiserver)
+    running = asyncio.create_task(cache.run())
+    try:
+        assert await allocate(allocator) == ("late", "0")
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+    assert apiserver.lists == 2

@@ -8,8 +8,9 @@ the leader paused past its Lease (split brain: the standby's takeover asserted, 
 leader's step down), the apiserver restarted and stalled (SIGSTOP: every watch and call
 hangs), etcd stopped and slowed, device plugins and kubelets restarted with Allocates in
 flight, a plugin cut off from the apiserver (each plugin reaches it through a relay of the
-test's), an XID on a card, a node with pods on it deleted (its pods go, as the pod garbage
-collector would remove them), and pods deleted while they are being bound.
+test's), a plugin's connections gone silent (half-open, its watch among them), an XID on a
+card, a node with pods on it deleted (its pods go, as the pod garbage collector would remove
+them), and pods deleted while they are being bound.
 The order of the faults, their targets and the pods come from one seed, chosen at random for
 each run and printed (`GPUSHARE_FAULT_SEED=<seed>` replays it).
 
@@ -49,6 +50,7 @@ import yaml
 from kubernetes_asyncio import client
 
 from gpushare.kube import ApiError, raw_json
+from gpushare.kube.reflector import WATCH_IDLE_S
 from gpushare.model import contract
 from gpushare.model.annotations import gpu_assigned, parse_card_indices
 from gpushare.model.bound import kubelet_order
@@ -369,6 +371,24 @@ async def test_a_burst_through_crashes_restarts_and_deletions_accounts_for_every
             relays[node.name].heal()
             return frozenset({node.name})
 
+        async def quiet_watch(targets: list[str]) -> frozenset[str]:
+            """A node's plugin's connections, its pod watch and pooled ones among them, go
+            silent for good (half-open, as behind a stuck proxy): the plugin is blind until a
+            LIST gets through on a new connection (a late watch lists again at each Allocate,
+            giving up the LIST before, and a watch or LIST silent too long is given up)."""
+            node = pick(targets)
+            seen = len(node.plugin.log_events())
+            assert relays[node.name].stall() >= 1, (SEED, node.name)
+            # Until its pods are listed again (an Allocate late by half the grace asks for
+            # it, a watch silent for WATCH_IDLE_S gives up), the plugin is blind.
+            await asyncio.to_thread(
+                node.plugin.wait_logged,
+                "pods on node listed",
+                after=seen,
+                timeout_s=WATCH_IDLE_S + 30,
+            )
+            return frozenset({node.name})
+
         async def pause_apiserver(_: list[str]) -> None:
             """Every watch and call stalls, nothing is closed: a stalled control plane."""
             apiserver = plane.pids()["kube-apiserver"]
@@ -434,6 +454,7 @@ async def test_a_burst_through_crashes_restarts_and_deletions_accounts_for_every
                 ("kubelet restarted", restart_kubelet, True),
                 (XID, xid, True),
                 ("plugin cut off from the apiserver", partition, True),
+                ("plugin's connections gone quiet", quiet_watch, True),
                 ("apiserver stalled", pause_apiserver, True),
                 ("components answered 429", throttle, True),
                 ("node deleted", delete_node, True),
