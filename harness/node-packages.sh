@@ -4,10 +4,11 @@
 # has no CDI), the CNI plugins, iproute2 and util-linux
 # (namespaces, veth, bridge), iptables (the kubelet's and kube-proxy's chains, inside the
 # node's namespace), busybox-static (the local stand-in for the guide's image), and buildah
-# with mmdebstrap (the project's images, built from its Dockerfiles on a Debian base).
+# with mmdebstrap (the project's images, built from its Dockerfiles on a Debian base), and
+# libfaketime (the fault campaign's operator replica whose clock drifted).
 set -euo pipefail
 packages=(runc containernetworking-plugins iproute2 util-linux iptables busybox-static
-  buildah mmdebstrap)
+  buildah mmdebstrap libfaketime)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" \

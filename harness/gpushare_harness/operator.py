@@ -35,12 +35,16 @@ class OperatorProcess(LoggedProcess):
         profile: Path | None = None,
         detached: bool = False,
         webhook_port: int = 0,
+        clock_skew_s: int = 0,
     ) -> None:
         """`profile`: write a cProfile of the operator's main thread there (benchmarks).
         `webhook_port`: serve the admission webhook on 127.0.0.1 at that port (every
         operator of one cluster the same: SO_REUSEPORT shares it, as a Service would); 0, none
-        (pods are then not converted: install no admission objects)."""
+        (pods are then not converted: install no admission objects). `clock_skew_s`: its wall
+        clock runs that far ahead (libfaketime; its monotonic clock is left alone), as a
+        replica on a machine whose clock drifted; its log's times are off by as much."""
         super().__init__(log, detached=detached)
+        self.clock_skew_s = clock_skew_s
         self.kubeconfig = kubeconfig
         self.python_args = ["-m", "cProfile", "-o", str(profile)] if profile else []
         self.identity = identity
@@ -54,6 +58,7 @@ class OperatorProcess(LoggedProcess):
             "GPUSHARE_WEBHOOK_PORT": str(webhook_port),
             "GPUSHARE_WEBHOOK_HOSTS": "127.0.0.1",
             **(env or {}),
+            **(skewed_clock(clock_skew_s) if clock_skew_s else {}),
         }
 
     def start(self, *, wait_synced: bool = True, timeout_s: float = 60) -> OperatorProcess:
@@ -99,3 +104,24 @@ class OperatorProcess(LoggedProcess):
                 return report
             time.sleep(0.2)
         raise TimeoutError(f"operator: no {what} within {timeout_s} s:\n{self.tail()}")
+
+
+FAKETIME_LIBRARIES = (
+    Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"),
+    Path("/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1"),
+    Path("/usr/lib/faketime/libfaketime.so.1"),
+)
+
+
+def skewed_clock(seconds: int) -> dict[str, str]:
+    """The environment that sets a process's wall clock `seconds` off (libfaketime)."""
+    library = next((path for path in FAKETIME_LIBRARIES if path.exists()), None)
+    if library is None:
+        raise FileNotFoundError(
+            "libfaketime is missing (apt-get install libfaketime, or `make node-packages`)"
+        )
+    return {
+        "LD_PRELOAD": str(library),
+        "FAKETIME": f"{seconds:+d}s",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+    }

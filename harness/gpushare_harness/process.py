@@ -18,6 +18,8 @@ from gpushare_harness.controlplane import die_with_parent
 
 class LoggedProcess:
     name = "process"
+    clock_skew_s = 0
+    """How far ahead the process's wall clock runs, and the times in its log."""
 
     def __init__(self, log: Path, *, detached: bool = False) -> None:
         """`detached`: the process outlives this one (the demo leaves it running; stop it by
@@ -47,19 +49,20 @@ class LoggedProcess:
 
     def wait_logged(
         self,
-        event: str,
+        event: str | tuple[str, ...],
         *,
         timeout_s: float,
         after: int | None = None,
         match: Callable[[dict[str, Any]], bool] | None = None,
     ) -> dict[str, Any]:
-        """The first log line whose `event` is `event` (and that `match` accepts), from line
-        `after` on (default: since the last start)."""
+        """The first log line whose `event` is `event` (or one of them) and that `match`
+        accepts, from line `after` on (default: since the last start)."""
+        events = (event,) if isinstance(event, str) else event
         first = self.log_start if after is None else after
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for line in self.log_events()[first:]:
-                if line.get("event") == event and (match is None or match(line)):
+                if line.get("event") in events and (match is None or match(line)):
                     return line
             if self._process is not None and self._process.poll() is not None:
                 raise RuntimeError(

@@ -44,11 +44,12 @@ LIST_IDLE_S = 60.0
 """A page of a LIST that sends no byte this long is taken for a dead connection (a pooled one
 gone half-open): the LIST starts over on another rather than wait out `LIST_TIMEOUT_S`."""
 WATCH_S = 300
-WATCH_IDLE_S = 120.0
+WATCH_IDLE_S = 90.0
 """A watch silent this long is taken for dead and opened again: the apiserver sends a bookmark
-on a quiet watch every minute, so two missed are a connection that went half-open (a NAT or
-load balancer that lost its state sends no reset; without this, the owner would see nothing
-until the watch's own end, `WATCH_S` later)."""
+on a quiet watch every minute, so one half a minute late is a connection that went half-open
+(a NAT or load balancer that lost its state sends no reset; without this, the owner would see
+nothing until the watch's own end, `WATCH_S` later). Opened again for nothing, a watch costs
+one call: it resumes from the last version seen."""
 NOT_SERVED_S = 30.0
 """How often an optional resource the apiserver does not serve (a CRD not installed) is
 looked for again."""

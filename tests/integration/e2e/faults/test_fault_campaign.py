@@ -1,6 +1,7 @@
 """The fault campaign: 1,000 pods over 50 GPU nodes (each with the device plugin and the
 kubelet's device manager), created in waves while things break, then every pod accounted for.
 
+The two operator replicas' clocks differ (the second runs ahead, by an amount the seed picks).
 Each fault fires during a wave, once work is in flight (observed: a pod bound since the last
 look, while pods bound are not yet started; a node's fault on a node with such pods, so its
 Allocates are in flight): the operator leader SIGKILLed (a takeover asserted each time),
@@ -68,6 +69,7 @@ from gpushare_harness.identities import (
 from gpushare_harness.kubelet import KubeletHarness
 from gpushare_harness.operator import OperatorProcess
 from gpushare_harness.plugin import PluginProcess
+from gpushare_harness.process import LoggedProcess
 from gpushare_harness.relay import Relay, through
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio, pytest.mark.timeout(900)]
@@ -91,6 +93,7 @@ TAKEOVER_S = LEASE_S + 20  # the Lease runs out, then a standby's next round on 
 # plugin's watch grace (--allocate-wait-seconds, 5 s) and the kubelet's own reconnects.
 REFUSAL_GRACE_S = 15.0
 PARTITION_S = 6.0
+CLOCK_SKEWS_S = (45, 300)  # the second replica's clock runs ahead: by about a Lease, or far
 TOP_UP = 8  # pods created when a wave went through before its fault saw work in flight
 
 
@@ -171,6 +174,11 @@ def stamp(text: object) -> float:
     return datetime.datetime.fromisoformat(trimmed).timestamp()
 
 
+def logged_at(process: LoggedProcess, event: dict[str, Any]) -> float:
+    """When `process` logged `event`, on the test's clock (a replica's may be skewed)."""
+    return stamp(event["timestamp"]) - process.clock_skew_s
+
+
 def leading_since(operator: OperatorProcess) -> float | None:
     """When the operator's current process began leading; None when it does not lead."""
     if not operator.running:
@@ -181,7 +189,7 @@ def leading_since(operator: OperatorProcess) -> float | None:
         if e.get("event") in ("started_leading", "stopped_leading")
     ]
     if transitions and transitions[-1]["event"] == "started_leading":
-        return stamp(transitions[-1]["timestamp"])
+        return logged_at(operator, transitions[-1])
     return None
 
 
@@ -207,9 +215,14 @@ async def test_a_burst_through_crashes_restarts_and_deletions_accounts_for_every
     ]
     by_name = {node.name: node for node in nodes}
     operator_config = await operator_kubeconfig(core, plane.kubeconfig, tmp_path / "op.kubeconfig")
+    # The second replica's clock runs ahead, as on a machine whose clock drifted: leadership
+    # must pass between the two on the Lease's own terms, whatever their clocks say.
+    skew = random.Random(f"{SEED}/skew").choice(CLOCK_SKEWS_S)
     operators = [
-        OperatorProcess(operator_config, tmp_path / f"op-{n}.log", identity=f"op-{n}")
-        for n in ("a", "b")
+        OperatorProcess(
+            operator_config, tmp_path / f"op-{n}.log", identity=f"op-{n}", clock_skew_s=skew_s
+        )
+        for n, skew_s in (("a", 0), ("b", skew))
     ]
     paused: list[int] = []  # pids SIGSTOPped, resumed whatever happens
     try:
@@ -316,7 +329,7 @@ async def test_a_burst_through_crashes_restarts_and_deletions_accounts_for_every
                 victim.wait_logged,
                 "stopped_leading",
                 timeout_s=TAKEOVER_S,
-                match=lambda e: stamp(e["timestamp"]) > stopped,
+                match=lambda e: logged_at(victim, e) > stopped,
             )
 
         async def restart_apiserver(_: list[str]) -> None:
@@ -379,11 +392,11 @@ async def test_a_burst_through_crashes_restarts_and_deletions_accounts_for_every
             node = pick(targets)
             seen = len(node.plugin.log_events())
             assert relays[node.name].stall() >= 1, (SEED, node.name)
-            # Until its pods are listed again (an Allocate late by half the grace asks for
-            # it, a watch silent for WATCH_IDLE_S gives up), the plugin is blind.
+            # Blind until its pods are listed again (an Allocate late by half the grace asks
+            # for it) or its watch, silent for WATCH_IDLE_S, is given up and opened anew.
             await asyncio.to_thread(
                 node.plugin.wait_logged,
-                "pods on node listed",
+                ("pods on node listed", "watch_failed"),
                 after=seen,
                 timeout_s=WATCH_IDLE_S + 30,
             )
@@ -507,7 +520,7 @@ async def test_a_burst_through_crashes_restarts_and_deletions_accounts_for_every
                 for event in process.log_events()
                 if "is forbidden" in json.dumps(event)
                 and not any(
-                    f.start <= stamp(event["timestamp"]) <= f.end + RBAC_WARM_UP_S for f in restarts
+                    f.start <= logged_at(process, event) <= f.end + RBAC_WARM_UP_S for f in restarts
                 )
             ]
             assert not refused, f"seed {SEED}: {process.name} refused: {refused[:3]}"
@@ -676,7 +689,14 @@ async def check_invariants(
         binds.update(e["pod"] for e in operator.log_events() if e.get("event") == "pod_bound")
     assert binds, SEED
     assert max(binds.values()) == 1, (SEED, binds.most_common(3))
-    await check_records(core, api, fired, gone_nodes, deleted)
+    # `predicate-time` is the binding replica's clock: the skewed one's runs ahead.
+    skews = {
+        str(event.get("pod", "")).partition("/")[2]: operator.clock_skew_s
+        for operator in operators
+        for event in operator.log_events()
+        if event.get("event") == "pod_bound"
+    }
+    await check_records(core, api, fired, gone_nodes, deleted, skews=skews)
 
 
 def kubelet_lines(nodes: list[FakeNode], event: str) -> dict[str, tuple[str, dict[str, Any]]]:
@@ -763,13 +783,15 @@ async def check_records(
     fired: list[Fired],
     gone_nodes: set[str],
     deleted: set[str],
+    *,
+    skews: dict[str, int],
 ) -> None:
     """The placement records add up: valid `gpu-index`es within each card, GPUNode statuses
     that say the same, no stale PodScheduled=False, and each pod left unbound is one the
     model finds no room for (the operator retries a pod when room is freed: waited for)."""
     deadline = time.monotonic() + 90
     while True:
-        problems = await record_problems(core, api, fired, gone_nodes, deleted)
+        problems = await record_problems(core, api, fired, gone_nodes, deleted, skews=skews)
         if not problems or time.monotonic() > deadline:
             break
         await asyncio.sleep(2)
@@ -782,7 +804,10 @@ async def record_problems(
     fired: list[Fired],
     gone_nodes: set[str],
     deleted: set[str],
+    *,
+    skews: dict[str, int],
 ) -> list[str]:
+    """`skews`: by pod, how far ahead the clock of the replica that bound it runs."""
     pods = await list_pods(core)
     node_bodies = (await raw_json(core.list_node(_preload_content=False)))["items"]
     resources = (
@@ -809,7 +834,8 @@ async def record_problems(
         if claim.allocation is None:
             continue
         assert claim.allocation.node not in gone_nodes, (SEED, name)
-        check_placed(pod, claim.allocation, inventories[claim.allocation.node], fired)
+        skew = skews.get(name, 0)
+        check_placed(pod, claim.allocation, inventories[claim.allocation.node], fired, skew)
         ledger.add(claim.allocation)
         problems += bound_pod_problems(pod)
     for usage in ledger.nodes().values():
@@ -856,14 +882,19 @@ def bound_pod_problems(pod: dict[str, Any]) -> list[str]:
 
 
 def check_placed(
-    pod: dict[str, Any], allocation: Allocation, inventory: NodeInventory, fired: list[Fired]
+    pod: dict[str, Any],
+    allocation: Allocation,
+    inventory: NodeInventory,
+    fired: list[Fired],
+    skew_s: int,
 ) -> None:
-    """A valid `gpu-index`; on a card that failed, placed before the failure was known."""
+    """A valid `gpu-index`; on a card that failed, placed before the failure was known (by
+    its `predicate-time`, written on a clock `skew_s` ahead)."""
     cards = [inventory.card(c) for c in allocation.cards]
     if not any(card is not None and not card.healthy for card in cards):
         check_allocation(allocation, inventory)
         return
-    bound_at = int(pod["metadata"]["annotations"][contract.PREDICATE_TIME]) / 1e9
+    bound_at = int(pod["metadata"]["annotations"][contract.PREDICATE_TIME]) / 1e9 - skew_s
     failed = [f.end for f in fired if f.name == XID and f.nodes and allocation.node in f.nodes]
     late = not failed or bound_at > max(failed) + XID_NOTICED_S
     assert not late, (SEED, pod["metadata"]["name"], "bound to a card after it failed")
