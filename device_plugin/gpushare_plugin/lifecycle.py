@@ -43,12 +43,14 @@ class _Endpoint:
     path: Path
 
 
-def _identity(path: Path) -> tuple[int, int] | None:
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """Which file `path` is; with its change time, as a new file may get the inode of the one
+    removed just before (a kubelet restarting at once)."""
     try:
         stat = path.stat()
     except FileNotFoundError:
         return None
-    return stat.st_dev, stat.st_ino
+    return stat.st_dev, stat.st_ino, stat.st_ctime_ns
 
 
 async def reclaim(path: Path) -> None:
@@ -131,7 +133,7 @@ class Supervisor:
             stub = api_pb2_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
             await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=_DIAL_TIMEOUT_S)
 
-    async def _register(self, stop: asyncio.Event) -> tuple[int, int] | None:
+    async def _register(self, stop: asyncio.Event) -> tuple[int, int, int] | None:
         """Register every resource once kubelet.sock exists; the kubelet socket's identity,
         or None when stopped first."""
         kubelet_path = self._dir / KUBELET_SOCKET
@@ -162,7 +164,7 @@ class Supervisor:
         self.registrations += 1
         return kubelet
 
-    async def _wait_restart(self, kubelet: tuple[int, int], stop: asyncio.Event) -> str | None:
+    async def _wait_restart(self, kubelet: tuple[int, int, int], stop: asyncio.Event) -> str | None:
         """Why to serve and register again, or None when stopping."""
         kubelet_path = self._dir / KUBELET_SOCKET
         while not stop.is_set():
