@@ -1,6 +1,6 @@
 """Every test directory's: under CI (`CI` set, as `.ci/run` runs) a skipped test fails, so a
 missing package, no root or no control plane never passes a run unnoticed. Each test's
-outcome is kept on its item for its fixtures' teardown (`outcome.failed`)."""
+outcome is kept on its item for its fixtures' teardown (`failure_logs.failed`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 from collections.abc import Generator
 
 import pytest
-from outcome import CALL_FAILED
+from failure_logs import CALL_FAILED
 
 
 @pytest.hookimpl(wrapper=True)

@@ -45,7 +45,8 @@ class _Endpoint:
 
 def _identity(path: Path) -> tuple[int, int, int] | None:
     """Which file `path` is; with its change time, as a new file may get the inode of the one
-    removed just before (a kubelet restarting at once)."""
+    removed just before (a kubelet restarting at once; only one re-created within the same
+    timestamp tick would still pass for the old). A chmod of it re-registers: harmless."""
     try:
         stat = path.stat()
     except FileNotFoundError:

@@ -71,8 +71,9 @@ class PodCache:
 
     def list_again(self) -> None:
         """LIST the node's pods anew, in the background: the watch is late delivering a pod the
-        kubelet already admits. A LIST still under way from an earlier call is given up (it
-        may hang on a pooled connection gone half-open, which giving it up closes)."""
+        kubelet already admits. The new relist ends the reflector's task, so a LIST still
+        under way from an earlier call (hanging, perhaps, on a pooled connection gone
+        half-open) is given up and its connection closed."""
         if self._listing is not None:
             self._listing.cancel()
         self._listing = asyncio.create_task(self._reflector.relist(), name="pods listed again")

@@ -366,14 +366,10 @@ class Scheduler:
         for attempt in range(1, BIND_ATTEMPTS + 1):
             try:
                 self._fence.check(f"bind {pod}")
-            except Fenced as fenced:
-                self._requeue(pod, log, str(fenced))
-                return
-            try:
                 async with asyncio.timeout(config.bind_timeout_s):
                     await self._api.bind(pod, node, annotations)
                 break
-            except Fenced as fenced:  # paused since the check above: never sent
+            except Fenced as fenced:  # here, or by the client as the bytes were to go out
                 self._requeue(pod, log, str(fenced))
                 return
             except ApiError as error:

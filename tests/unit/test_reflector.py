@@ -1,7 +1,8 @@
 """The reflector's recovery, each against a scripted apiserver answer that a real one gives
 only under faults: a watch cut off mid-stream, an expired version, a malformed event, an
-unforeseen failure, and a relist interrupted half-way. (Paging, large events, missed
-deletions and missing CRDs are proven against the real apiserver in the integration suite.)"""
+unforeseen failure, a relist interrupted half-way, and relists that overlap. (Paging, large
+events, missed deletions and missing CRDs are proven against the real apiserver in the
+integration suite.)"""
 
 from __future__ import annotations
 
@@ -189,3 +190,37 @@ async def test_a_relist_interrupted_half_way_leaves_the_reflector_running() -> N
     await reflector.stop()
     await reflector.relist()  # once stopped, a relist starts nothing
     assert apiserver.lists() == 2
+
+
+class SlowToEnd(Apiserver):
+    """A watch that takes a few turns of the loop to end once cancelled (its connection
+    closing), as a real one does."""
+
+    async def __call__(self, **params: Any) -> Answer:
+        if not params.get("watch"):
+            return await super().__call__(**params)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            for _ in range(5):
+                await asyncio.sleep(0)
+        raise AssertionError("unreachable")
+
+
+async def test_relists_that_overlap_leave_one_reflector_running_and_none_once_stopped() -> None:
+    apiserver = SlowToEnd([listing(10, "a"), listing(20, "a"), listing(30, "a")], [])
+    owner = Owner()
+    reflector = await reflecting(apiserver, owner)
+    first = asyncio.create_task(reflector.relist())
+    await asyncio.sleep(0)  # ending the old watch, which takes a few turns
+    first.cancel()  # a newer relist gives this one up (the plugin's late Allocates do)
+    await reflector.relist()
+    await asyncio.gather(first, return_exceptions=True)
+    await asyncio.sleep(0.05)
+    await reflector.stop()
+    left = [
+        task
+        for task in asyncio.all_tasks()
+        if task.get_name() == "reflector pods" and not task.done()
+    ]
+    assert left == []

@@ -215,8 +215,9 @@ class Reflector(Generic[T]):
             return
         try:
             await self._end_task()
-        finally:  # even when the caller is cancelled: a reflector is never left stopped
-            if not self._stopped:
+        finally:  # even when the caller is cancelled: a reflector is never left stopped,
+            # nor run twice (a relist that overlapped this one may have started it already)
+            if not self._stopped and self._task is None:
                 self.start()
         await self._fresh.wait()
 

@@ -371,7 +371,7 @@ class _Search:
             if all(self._evictable(uid) for uid in usage.pods):
                 usable.append((index, frozenset(usage.pods)))
         if count > len(usable):
-            return  # also keeps `combinations` from allocating `count` indexes (2**40: none)
+            return  # also: `combinations` allocates `count` indexes first (huge: MemoryError)
         for tried, chosen in enumerate(combinations(usable, count)):
             if tried >= MAX_SETS:
                 return

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from cluster import refused_rights
+from failure_logs import print_logs
 from kubernetes_asyncio import client
-from outcome import print_logs
 
 from gpushare import kube
 from gpushare_harness import ControlPlane

@@ -97,9 +97,10 @@ def plugin(
     spec = tmp_path / "cards.yaml"
     spec.write_text(yaml.safe_dump({"cards": [{"memoryMiB": 1024}, {"memoryMiB": 1024}]}))
     table = DeviceTable(node="n", cards=FakeDiscovery(f"@{spec}", node="n").cards(), unit_mib=1)
-    cache = PodCache(api or Api(), "n")  # type: ignore[arg-type]
-    if api is None:
-        api = Api()
+    listed_here = api is None
+    api = api or Api()
+    cache = PodCache(api, "n")  # type: ignore[arg-type]
+    if listed_here:
         cache._listed(set(), "1")
         cache.synced.set()
     for each in pods:
@@ -265,7 +266,7 @@ async def test_a_pod_the_quiet_watch_never_shows_is_listed_within_the_grace(
     late = gpu_pod("late", UNITS, node="n", index="0", uid="late")
     late["metadata"]["annotations"][contract.PREDICATE_TIME] = "1"
     apiserver = QuietWatch([], [late])
-    allocator, cache, _ = plugin(tmp_path, wait_s=4, api=apiserver)
+    allocator, cache, _ = plugin(tmp_path, wait_s=1, api=apiserver)
     running = asyncio.create_task(cache.run())
     try:
         assert await allocate(allocator) == ("late", "0")

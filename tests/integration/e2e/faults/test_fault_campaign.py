@@ -689,14 +689,7 @@ async def check_invariants(
         binds.update(e["pod"] for e in operator.log_events() if e.get("event") == "pod_bound")
     assert binds, SEED
     assert max(binds.values()) == 1, (SEED, binds.most_common(3))
-    # `predicate-time` is the binding replica's clock: the skewed one's runs ahead.
-    skews = {
-        str(event.get("pod", "")).partition("/")[2]: operator.clock_skew_s
-        for operator in operators
-        for event in operator.log_events()
-        if event.get("event") == "pod_bound"
-    }
-    await check_records(core, api, fired, gone_nodes, deleted, skews=skews)
+    await check_records(core, api, fired, gone_nodes, deleted)
 
 
 def kubelet_lines(nodes: list[FakeNode], event: str) -> dict[str, tuple[str, dict[str, Any]]]:
@@ -783,15 +776,13 @@ async def check_records(
     fired: list[Fired],
     gone_nodes: set[str],
     deleted: set[str],
-    *,
-    skews: dict[str, int],
 ) -> None:
     """The placement records add up: valid `gpu-index`es within each card, GPUNode statuses
     that say the same, no stale PodScheduled=False, and each pod left unbound is one the
     model finds no room for (the operator retries a pod when room is freed: waited for)."""
     deadline = time.monotonic() + 90
     while True:
-        problems = await record_problems(core, api, fired, gone_nodes, deleted, skews=skews)
+        problems = await record_problems(core, api, fired, gone_nodes, deleted)
         if not problems or time.monotonic() > deadline:
             break
         await asyncio.sleep(2)
@@ -804,10 +795,7 @@ async def record_problems(
     fired: list[Fired],
     gone_nodes: set[str],
     deleted: set[str],
-    *,
-    skews: dict[str, int],
 ) -> list[str]:
-    """`skews`: by pod, how far ahead the clock of the replica that bound it runs."""
     pods = await list_pods(core)
     node_bodies = (await raw_json(core.list_node(_preload_content=False)))["items"]
     resources = (
@@ -834,8 +822,7 @@ async def record_problems(
         if claim.allocation is None:
             continue
         assert claim.allocation.node not in gone_nodes, (SEED, name)
-        skew = skews.get(name, 0)
-        check_placed(pod, claim.allocation, inventories[claim.allocation.node], fired, skew)
+        check_placed(pod, claim.allocation, inventories[claim.allocation.node], fired)
         ledger.add(claim.allocation)
         problems += bound_pod_problems(pod)
     for usage in ledger.nodes().values():
@@ -882,19 +869,19 @@ def bound_pod_problems(pod: dict[str, Any]) -> list[str]:
 
 
 def check_placed(
-    pod: dict[str, Any],
-    allocation: Allocation,
-    inventory: NodeInventory,
-    fired: list[Fired],
-    skew_s: int,
+    pod: dict[str, Any], allocation: Allocation, inventory: NodeInventory, fired: list[Fired]
 ) -> None:
-    """A valid `gpu-index`; on a card that failed, placed before the failure was known (by
-    its `predicate-time`, written on a clock `skew_s` ahead)."""
+    """A valid `gpu-index`; on a card that failed, placed before the failure was known (when
+    the apiserver took the Binding: `predicate-time` is the binding replica's clock, and one
+    replica's runs ahead)."""
     cards = [inventory.card(c) for c in allocation.cards]
     if not any(card is not None and not card.healthy for card in cards):
         check_allocation(allocation, inventory)
         return
-    bound_at = int(pod["metadata"]["annotations"][contract.PREDICATE_TIME]) / 1e9 - skew_s
+    scheduled = next(
+        c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled"
+    )  # set by the Binding, to the second
+    bound_at = stamp(scheduled["lastTransitionTime"].replace("Z", "+00:00"))
     failed = [f.end for f in fired if f.name == XID and f.nodes and allocation.node in f.nodes]
     late = not failed or bound_at > max(failed) + XID_NOTICED_S
     assert not late, (SEED, pod["metadata"]["name"], "bound to a card after it failed")
