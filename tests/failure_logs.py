@@ -24,7 +24,11 @@ def failed(request: pytest.FixtureRequest) -> bool:
 
 def print_logs(request: pytest.FixtureRequest, processes: Iterable[LoggedProcess]) -> None:
     """The last `LOG_LINES` of each process's log, once its test failed."""
-    if not failed(request):
-        return
+    if failed(request):
+        print_logs_now(processes)
+
+
+def print_logs_now(processes: Iterable[LoggedProcess]) -> None:
+    """The last `LOG_LINES` of each process's log."""
     for process in processes:
         print(f"\n----- last {LOG_LINES} lines of {process.log} -----\n{process.tail(LOG_LINES)}")

@@ -148,10 +148,11 @@ SCHEDULER_NAMES = st.lists(
 
 @st.composite
 def hostile_config(draw: st.DrawFn) -> dict[str, Any]:
-    """A GPUShareConfig spec of values of the schema's types but any size and any word (what
-    the schema refuses never reaches the operator): the operator applies it whole or keeps the
-    one before. Every one still serves `volcano` (the pods below are its)."""
-    numbers = st.integers(-5, 10**7)
+    """A GPUShareConfig spec the schema lets through (what it refuses never reaches the
+    operator), of any combination: the operator applies it whole or keeps the one before
+    (a backoff longer than its maximum, say). Every one still serves `volcano` (the pods
+    below are its). Words the schema's enums lack are in, to keep some refused."""
+    seconds = st.integers(0, 86400)
     words = st.sampled_from(
         ["bestfit", "firstfit", "binpack", "Warn", "Evict", "Auto", "Plan", "Off", "Never", "x"]
     )
@@ -160,14 +161,14 @@ def hostile_config(draw: st.DrawFn) -> dict[str, Any]:
             {"schedulerNames": SCHEDULER_NAMES},
             optional={
                 "policy": words,
-                "assignmentTimeoutSeconds": numbers,
-                "backoffInitialSeconds": numbers,
-                "backoffMaxSeconds": numbers,
-                "unschedulableRetrySeconds": numbers,
-                "gangTimeoutSeconds": numbers,
-                "memoryUnitMiB": numbers,
+                "assignmentTimeoutSeconds": seconds,
+                "backoffInitialSeconds": seconds,
+                "backoffMaxSeconds": seconds,
+                "unschedulableRetrySeconds": seconds,
+                "gangTimeoutSeconds": seconds,
+                "memoryUnitMiB": st.integers(1, 1048576),
                 "overUsePolicy": words,
-                "overUseGraceSeconds": numbers,
+                "overUseGraceSeconds": seconds,
                 "preemption": st.booleans(),
                 "defragmentation": words,
                 "podMemoryLimits": st.sampled_from(["MiB", "Units", "x"]),

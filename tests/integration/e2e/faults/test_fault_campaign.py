@@ -48,6 +48,7 @@ from typing import Any, cast
 import aiohttp
 import pytest
 import yaml
+from failure_logs import print_logs_now
 from kubernetes_asyncio import client
 
 from gpushare.kube import ApiError, raw_json
@@ -225,6 +226,7 @@ async def test_a_burst_through_crashes_restarts_and_deletions_accounts_for_every
         for n, skew_s in (("a", 0), ("b", skew))
     ]
     paused: list[int] = []  # pids SIGSTOPped, resumed whatever happens
+    fired: list[Fired] = []
     try:
         for node in nodes:
             node.kubelet.start()
@@ -239,7 +241,6 @@ async def test_a_burst_through_crashes_restarts_and_deletions_accounts_for_every
         created: list[str] = []
         deleted: set[str] = set()
         gone_nodes: set[str] = set()
-        fired: list[Fired] = []
         faults_done = asyncio.Event()
 
         numbers = itertools.count()
@@ -524,6 +525,10 @@ async def test_a_burst_through_crashes_restarts_and_deletions_accounts_for_every
                 )
             ]
             assert not refused, f"seed {SEED}: {process.name} refused: {refused[:3]}"
+    except BaseException:
+        print(f"seed {SEED}: faults fired: {fired}")  # CI keeps only the run's output
+        print_logs_now(operators)
+        raise
     finally:
         for pid in paused:
             os.kill(pid, signal.SIGCONT)
