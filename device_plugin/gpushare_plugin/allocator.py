@@ -40,6 +40,7 @@ from gpushare_plugin.podcache import PodCache
 
 MARK_AGAIN_S = 2.0
 """The wait before a gpu-assigned write the apiserver did not take is tried again."""
+FORBIDDEN = 403
 
 BYPASS_WAIT_S = 0.3
 """The watch's grace when the pod being started is most likely one no scheduler placed: its
@@ -182,9 +183,10 @@ class Allocator:
 
     async def mark_started(self, workers: int = 4) -> None:
         """Mark `gpu-assigned` on each pod the kubelet admitted (`PodCache.to_mark`), so the
-        operator stops keeping its request on its card; for ever. A write that got no answer
-        or a busy one is queued again (a start is never forgotten); a refusal (the pod gone or
-        replaced, a right missing) is logged and dropped."""
+        operator stops keeping its request on its card; for ever. A write that got no answer,
+        a busy one, or a forbidden one is queued again (a start is never forgotten: an
+        apiserver just started answers 403 until its RBAC caches are filled); a refusal that
+        stays (the pod gone or replaced) is logged and dropped."""
 
         loop = asyncio.get_running_loop()
 
@@ -200,7 +202,9 @@ class Allocator:
                     await retry(functools.partial(self._api.mark_assigned, pod.ref), WRITE)
                     self._log.info("pod_marked_assigned", pod=str(pod.ref))
                 except (ApiError, OSError, TimeoutError) as error:
-                    again = transient(error)
+                    again = transient(error) or (
+                        isinstance(error, ApiError) and error.status == FORBIDDEN
+                    )
                     self._log.warning(
                         "mark_assigned_failed", pod=str(pod.ref), error=str(error), retry=again
                     )

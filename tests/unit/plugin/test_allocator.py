@@ -173,8 +173,10 @@ async def test_starts_go_on_while_the_apiserver_is_away_and_the_marks_follow(
     monkeypatch.setattr(allocator_module, "WRITE", RetryPolicy("write", Backoff(0.01, 0.01), 2))
     monkeypatch.setattr(allocator_module, "MARK_AGAIN_S", 0.01)
     away = ApiError(503, "the apiserver is shutting down")
+    # Just started, it answers forbidden until its RBAC caches are filled.
+    starting = ApiError(403, 'pods "a" is forbidden: User "system:serviceaccount:..."')
     allocator, cache, api = plugin(tmp_path, pod("a", 1, card="0"))
-    api.answers = [away] * 5
+    api.answers = [*[away] * 5, *[starting] * 3]
     assert await allocate(allocator) == ("a", "0")
     cache._apply("MODIFIED", pod("a", 1, card="0", admitted=True))
     assert await marked(allocator, api, 1) == ["a"]
