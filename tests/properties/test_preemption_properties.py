@@ -242,17 +242,23 @@ def test_whole_cards_are_freed_at_the_least_cost(
     check_feasible(cluster, found, priority, whole(count))
 
 
-def test_pods_of_equal_priority_are_never_victims() -> None:
+def one_card(memory: int) -> tuple[Ledger, NodeName]:
+    """A ledger of node `n` with one healthy card of `memory`."""
     ledger = Ledger()
     node = NodeName("n")
     ledger.set_node(
         NodeInventory(
             node=node,
-            cards=(Card(index=CardIndex(0), memory=10, healthy=True),),
+            cards=(Card(index=CardIndex(0), memory=memory, healthy=True),),
             unit_mib=1,
             source=InventorySource.RESOURCE,
         )
     )
+    return ledger, node
+
+
+def test_pods_of_equal_priority_are_never_victims() -> None:
+    ledger, node = one_card(10)
     ref = PodRef(namespace="a", name="peer", uid=PodUid("u1"))
     ledger.add(
         Allocation(pod=ref, node=node, kind=GpuKind.MEMORY, cards=(CardIndex(0),), amount=10)
@@ -265,16 +271,7 @@ def test_pods_of_equal_priority_are_never_victims() -> None:
 def test_a_pod_asking_for_more_cards_than_a_node_has_gets_a_reason_not_a_crash() -> None:
     # itertools.combinations allocates its index array at the size asked for: a pod with
     # gpu-number 2**40 (the apiserver accepts it) once took the operator down with MemoryError.
-    ledger = Ledger()
-    node = NodeName("n")
-    ledger.set_node(
-        NodeInventory(
-            node=node,
-            cards=(Card(index=CardIndex(0), memory=10, healthy=True),),
-            unit_mib=1,
-            source=InventorySource.RESOURCE,
-        )
-    )
+    ledger, node = one_card(10)
     ref = PodRef(namespace="a", name="low", uid=PodUid("u1"))
     ledger.add(Allocation(pod=ref, node=node, kind=GpuKind.NUMBER, cards=(CardIndex(0),), amount=1))
     view = View(pods={ref.uid: Evictable(ref=ref, priority=0, started_s=0.0)})

@@ -107,15 +107,20 @@ async def test_a_bind_cut_short_by_a_lost_leadership_leaves_the_pod_queued_and_i
     assert intake.queue.pop_ready() == "a"  # ...then decided again by the next leadership
 
 
-async def test_no_binding_is_sent_while_the_lease_is_stale() -> None:
-    scheduler, intake, api, now = loop(may_write=False)
-    intake.pod_event("ADDED", pending("a"))
+async def decided_then_stopped(scheduler: Scheduler) -> None:
+    """Run the decision loop until it has decided what is queued, then stop it."""
     running = asyncio.create_task(scheduler.run())
     for _ in range(100):
         await asyncio.sleep(0)
     running.cancel()
     with pytest.raises(asyncio.CancelledError):
         await running
+
+
+async def test_no_binding_is_sent_while_the_lease_is_stale() -> None:
+    scheduler, intake, api, now = loop(may_write=False)
+    intake.pod_event("ADDED", pending("a"))
+    await decided_then_stopped(scheduler)
     assert api.binds == []
     assert held(intake) == 0
     assert intake.queue.pop_ready() is None  # decided, not sent: backing off...
@@ -126,12 +131,7 @@ async def test_no_binding_is_sent_while_the_lease_is_stale() -> None:
 async def test_a_bind_fenced_as_it_goes_out_leaves_the_pod_queued_and_its_card_free() -> None:
     scheduler, intake, api, now = loop(api=FencedAtSend())
     intake.pod_event("ADDED", pending("a"))
-    running = asyncio.create_task(scheduler.run())
-    for _ in range(100):
-        await asyncio.sleep(0)
-    running.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await running
+    await decided_then_stopped(scheduler)
     assert api.binds == ["a"]  # tried once, not retried as if the apiserver had failed
     assert held(intake) == 0
     assert intake.queue.pop_ready() is None
