@@ -40,11 +40,22 @@ class WriteFence:
     """What each write only the leader may send (a Binding, an eviction) asks first, in the
     scheduler, the defragmenter and the over-use guard alike. A replica paused past its Lease
     (SIGSTOP, a stalled VM) resumes sure it leads until its next round, while a standby may
-    already lead: none of its writes is sent then."""
+    already lead: none of its writes is sent then. A pause after the last ask is caught by the
+    apiserver: each such write names its Lease term (`stamp`), and the policy
+    gpushare-leader-writes refuses it once the term is over."""
 
-    def __init__(self, may_write: Callable[[], bool]) -> None:
-        """`may_write`: `LeaseElector.fresh`, or always true without leader election."""
+    def __init__(
+        self, may_write: Callable[[], bool], term: Callable[[], str | None] = lambda: None
+    ) -> None:
+        """`may_write`: `LeaseElector.fresh`, or always true without leader election;
+        `term`: `LeaseElector.term` (None without leader election)."""
         self._may_write = may_write
+        self._term = term
+
+    def stamp(self) -> dict[str, str]:
+        """The annotation that names the term a write is sent in (none without a term)."""
+        term = self._term()
+        return {contract.LEADER_TERM: term} if term else {}
 
     def check(self, write: str) -> None:
         """Return if `write` may be sent now, else raise Fenced saying why not."""
@@ -78,6 +89,9 @@ class LeaseElector:
         self.leading = False
         self.last_contact: float | None = None
         """When the API last answered a Lease call (for the liveness probe)."""
+        self.term: str | None = None
+        """The term of the Lease as this replica last wrote it, `holder/leaseTransitions`
+        (`contract.LEADER_TERM`): a new holder makes a new term."""
         self._renewed_at = 0.0
         self._observed: tuple[object, ...] | None = None
         """The Lease's holder record as last read, and (`_observed_at`) when, by
@@ -173,6 +187,7 @@ class LeaseElector:
                     },
                 }
                 await self._api.write_lease(config.lease_namespace, body, create=True)
+                self.term = f"{config.identity}/0"
                 return True
             spec = lease.setdefault("spec", {})
             holder = spec.get("holderIdentity")
@@ -189,6 +204,7 @@ class LeaseElector:
             metadata["annotations"] = {**(metadata.get("annotations") or {}), **_published(config)}
             # resourceVersion in the body: a concurrent writer makes this a 409.
             await self._api.write_lease(config.lease_namespace, lease, create=False)
+            self.term = f"{config.identity}/{int(spec.get('leaseTransitions') or 0)}"
             return True
         except ApiError as error:
             if error.status == 404:

@@ -120,10 +120,15 @@ class KubeSchedulerApi:
         self._admission = client.AdmissionregistrationV1Api(api)
         self._identity = identity
         self._timeout = timeout_s
+        self._stamp: Callable[[], Mapping[str, str]] = dict
 
-    def fence_leader_writes(self, check: Callable[[str], None]) -> None:
-        """Have `check` (`WriteFence.check`, which raises when this replica may no longer
-        lead) asked again for each Binding and eviction as its bytes are about to go out: once
+    def fence_leader_writes(
+        self, check: Callable[[str], None], stamp: Callable[[], Mapping[str, str]]
+    ) -> None:
+        """Have each Binding and eviction carry `stamp()` (`WriteFence.stamp`: the Lease term
+        it is sent in, which the apiserver's policy gpushare-leader-writes compares with the
+        Lease's), and `check` (`WriteFence.check`, which raises when this replica may no longer
+        lead) asked again for each as its bytes are about to go out: once
         its connection is had, so no wait for the pool or a TLS handshake lies between the
         check and the send (on Python 3.11 one turn of the event loop does: aiohttp writes the
         body from a task of its own, started at once from 3.12 on). The writers' own check,
@@ -172,7 +177,7 @@ class KubeSchedulerApi:
             namespace=pod.namespace,
             name=pod.name,
             uid=pod.uid,
-            annotations=annotations,
+            annotations={**annotations, **self._stamp()},
             node=node,
         )
         path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding"
@@ -297,7 +302,11 @@ class KubeSchedulerApi:
         eviction = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
-            "metadata": {"name": pod.name, "namespace": pod.namespace},
+            "metadata": {
+                "name": pod.name,
+                "namespace": pod.namespace,
+                "annotations": dict(self._stamp()),
+            },
             "deleteOptions": {"preconditions": {"uid": pod.uid}},
         }
         await raw_json(

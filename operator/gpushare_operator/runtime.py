@@ -83,7 +83,7 @@ class Runtime:
         self.intake = Intake(
             cache=self.cache, queue=self.queue, gangs=self.gangs, reporter=self.reporter
         )
-        fence = self.fence = WriteFence(self._may_write)
+        fence = self.fence = WriteFence(self._may_write, lambda: self.elector.term)
         self.scheduler = Scheduler(
             cache=self.cache,
             queue=self.queue,

@@ -174,7 +174,8 @@ async def test_a_binding_or_eviction_refused_by_the_fence_as_it_goes_out_is_neve
     pod = pod_ref(await raw_pod(core, "gpu-pod5", namespace))
     api = KubeSchedulerApi(api_client, identity="gpushare-0", timeout_s=30)
     leading = [False]
-    api.fence_leader_writes(WriteFence(lambda: leading[0]).check)
+    fence = WriteFence(lambda: leading[0])
+    api.fence_leader_writes(fence.check, fence.stamp)
     with pytest.raises(Fenced, match="binding not sent"):
         await api.bind(pod, "n", {contract.GPU_INDEX: "0"})
     with pytest.raises(Fenced, match="eviction not sent"):

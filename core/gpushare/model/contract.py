@@ -77,6 +77,9 @@ LIVE_CONFIG_NAME: Final = "default"
 EFFECTIVE_CONFIG: Final = "gpushare.io/effective-config"
 """Annotation the leading operator keeps on its Lease: the configuration it decides with (its
 environment and the live GPUShareConfig, as a GPUShareConfig spec in JSON), for the CLI."""
+LEADER_TERM: Final = "gpushare.io/leader-term"
+"""On a Binding (and so on the pod it binds) and on an eviction: the Lease term it was sent in,
+`holder/leaseTransitions`; the policy gpushare-leader-writes refuses it once the term is over."""
 
 # Card health, spelled as the kubelet device-plugin API spells device health.
 HEALTHY: Final = "Healthy"

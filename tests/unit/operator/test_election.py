@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
+from gpushare.model import contract
 from gpushare_operator.config import OperatorConfig
-from gpushare_operator.election import LeaseElector
+from gpushare_operator.election import LeaseElector, WriteFence
 
 pytestmark = pytest.mark.asyncio
 
@@ -92,3 +93,29 @@ async def test_a_leader_paused_past_its_lease_may_not_write_until_it_has_renewed
     await leader.step()
     assert not leader.leading
     assert not leader.fresh()
+
+
+async def test_each_new_holder_writes_in_a_new_term_its_writes_are_stamped_with() -> None:
+    api = OneLease()
+    a_elapsed, b_elapsed = [0.0], [0.0]
+    a = replica(api, "a", wall=[1000.0], elapsed=a_elapsed)
+    b = replica(api, "b", wall=[1000.0], elapsed=b_elapsed)
+    fence = WriteFence(a.fresh, lambda: a.term)
+    await a.step()
+    await a.step()  # renewals keep the term
+    assert fence.stamp() == {contract.LEADER_TERM: "a/0"}
+    await b.step()
+    b_elapsed[0] += 16  # "a" paused past its Lease: "b" takes it, in a term of its own
+    await b.step()
+    assert b.term == "b/1"
+    assert api.lease is not None
+    assert api.lease["spec"]["leaseTransitions"] == 1
+    # Resumed, "a" stamps its writes with the term that is over: the apiserver's policy
+    # (gpushare-leader-writes) compares it with the Lease's and refuses them.
+    assert fence.stamp() == {contract.LEADER_TERM: "a/0"}
+    await a.step()  # "a" steps down and sees "b" hold the Lease
+    a_elapsed[0] += 16  # "b" gone quiet in turn: "a" leads again, in a new term
+    await a.step()
+    assert a.leading
+    assert fence.stamp() == {contract.LEADER_TERM: "a/2"}
+    assert not WriteFence(lambda: True).stamp()  # no leader election: nothing to stamp

@@ -201,6 +201,59 @@ async def test_the_operators_token_changes_only_its_webhooks_ca_bundle(
     assert OPERATOR[1] in config.read_text()
 
 
+async def test_a_binding_or_eviction_sent_in_a_lease_term_that_is_over_is_refused(
+    installed: client.CoreV1Api, plane: ControlPlane, tmp_path: Path
+) -> None:
+    """A replica paused between its check of the Lease and its write resumes with the write
+    still to send: the apiserver compares the term it names with the Lease's."""
+    core = installed
+    lease = {
+        "metadata": {"name": "gpushare-scheduler"},
+        "spec": {"holderIdentity": "op-b", "leaseTransitions": 4, "leaseDurationSeconds": 4},
+    }
+    leases = client.CoordinationV1Api(core.api_client)  # type: ignore[attr-defined]
+    await raw_json(
+        leases.create_namespaced_lease(
+            OPERATOR[0], cast(client.V1Lease, lease), _preload_content=False
+        )
+    )
+    await create_pod(core, gpu_pod("late", number=1))
+    config = await operator_kubeconfig(core, plane.kubeconfig, tmp_path / "operator")
+    async with await kube.api_client(config) as api:
+        operator = client.CoreV1Api(api)
+
+        def binding(term: str, **dry_run: Any) -> Awaitable[object]:
+            body = {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": "late", "annotations": {contract.LEADER_TERM: term}},
+                "target": {"kind": "Node", "name": "n1"},
+            }
+            return operator.create_namespaced_pod_binding(
+                "late", "default", cast(client.V1Binding, body), _preload_content=False, **dry_run
+            )
+
+        def eviction(term: str, **dry_run: Any) -> Awaitable[object]:
+            body = {
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": "late", "annotations": {contract.LEADER_TERM: term}},
+            }
+            return operator.create_namespaced_pod_eviction(
+                "late", "default", cast(client.V1Eviction, body), _preload_content=False, **dry_run
+            )
+
+        stale = await refusal(lambda **dry: binding("op-a/3", **dry))
+        assert "sent in Lease term op-a/3, but the term now is op-b/4" in stale
+        await raw_json(binding("op-b/4"))  # the term now: bound
+        bound = await raw_json(core.read_namespaced_pod("late", "default", _preload_content=False))
+        assert bound["spec"]["nodeName"] == "n1"
+        assert bound["metadata"]["annotations"][contract.LEADER_TERM] == "op-b/4"
+        evicted = await refusal(lambda **dry: eviction("op-b/3", **dry))
+        assert "but the term now is op-b/4" in evicted
+        await raw_json(eviction("op-b/4", dry_run="All"))
+
+
 async def test_a_pods_placement_record_is_written_by_gpushare_alone(
     installed: client.CoreV1Api,
 ) -> None:
