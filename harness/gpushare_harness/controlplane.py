@@ -36,6 +36,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -55,6 +56,20 @@ class ControlPlaneError(RuntimeError):
 
 
 _CONTROLLERS = ("kube-scheduler", "kube-controller-manager")
+# Only Bindings and evictions, once answered: a few hundred bytes per pod placed.
+_AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived", "ResponseStarted"],
+    "rules": [
+        {
+            "level": "Metadata",
+            "verbs": ["create"],
+            "resources": [{"group": "", "resources": ["pods/binding", "pods/eviction"]}],
+        },
+        {"level": "None"},
+    ],
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,7 +90,9 @@ class ControlPlane:
 
     `start()` blocks until /readyz answers ok (and, with controllers, until the default
     ServiceAccount exists); `stop()` ends them all. `kubeconfig` holds an admin
-    (system:masters) client certificate.
+    (system:masters) client certificate. The apiserver's audit log (`audited`) records every
+    Binding and eviction it was asked for, and its answer: who bound a pod, and how often,
+    read from the apiserver rather than from the binder's own log.
     """
 
     def __init__(
@@ -91,6 +108,7 @@ class ControlPlane:
         self.directory = directory
         self.binaries = binaries or ensure_binaries()
         self.kubeconfig = directory / "kubeconfig"
+        self.audit_log = directory / "audit.log"
         self.controllers = controllers
         self.address = address
         self.node_monitor_grace_s = node_monitor_grace_s
@@ -151,6 +169,14 @@ class ControlPlane:
         self._spawn("kube-apiserver", self._argv["kube-apiserver"])
         self._wait_ready()
 
+    def audited(self, subresource: str) -> list[dict[str, Any]]:
+        """The audit events of the requests for pods' `subresource` ("binding", "eviction"),
+        oldest first: `objectRef` (the pod), `user`, `responseStatus.code`, the times."""
+        if not self.audit_log.exists():
+            return []
+        events = [json.loads(line) for line in self.audit_log.read_text().splitlines() if line]
+        return [e for e in events if e.get("objectRef", {}).get("subresource") == subresource]
+
     def pids(self) -> dict[str, int]:
         return {name: process.pid for name, process in self._processes.items()}
 
@@ -178,6 +204,8 @@ class ControlPlane:
             ],
         )
         pki = self.pki
+        audit_policy = self.directory / "audit-policy.yaml"
+        audit_policy.write_text(yaml.safe_dump(_AUDIT_POLICY))
         disabled = (
             "TaintNodesByCondition" if self.controllers else "ServiceAccount,TaintNodesByCondition"
         )
@@ -210,6 +238,9 @@ class ControlPlane:
                 # No kube-proxy on the host: dial a Service's endpoints (pods), not its ClusterIP.
                 "--enable-aggregator-routing=true",
                 "--profiling=false",
+                f"--audit-policy-file={audit_policy}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json",
             ],
         )
         self._wait_ready()

@@ -157,6 +157,20 @@ async def install_admission(api: client.ApiClient, webhook_url: str) -> None:
                 await replace(name, body)
 
 
+async def remove_admission(api: client.ApiClient) -> None:
+    """The objects `install_admission` wrote, deleted: a cluster installed without them."""
+    admission = client.AdmissionregistrationV1Api(api)
+    deletes: dict[str, Any] = {
+        "MutatingWebhookConfiguration": admission.delete_mutating_webhook_configuration,
+        "ValidatingAdmissionPolicy": admission.delete_validating_admission_policy,
+        "ValidatingAdmissionPolicyBinding": admission.delete_validating_admission_policy_binding,
+    }
+    for path in sorted(ADMISSION_DIR.glob("*.yaml")):
+        for body in yaml.safe_load_all(path.read_text()):
+            if body["kind"] in deletes:
+                await deletes[body["kind"]](body["metadata"]["name"])
+
+
 async def _read(admission: client.AdmissionregistrationV1Api, kind: str, name: str) -> str:
     reads: dict[str, Any] = {
         "MutatingWebhookConfiguration": admission.read_mutating_webhook_configuration,
