@@ -64,9 +64,15 @@ def start_operator(
 ) -> Iterator[Callable[..., OperatorProcess]]:
     started: list[OperatorProcess] = []
 
-    def start(identity: str = "op-1", *, wait_synced: bool = True, **env: str) -> OperatorProcess:
+    def start(
+        identity: str = "op-1", *, wait_synced: bool = True, webhook_port: int = 0, **env: str
+    ) -> OperatorProcess:
         process = OperatorProcess(
-            operator_kubeconfig, tmp_path / f"{identity}.log", identity=identity, env=env
+            operator_kubeconfig,
+            tmp_path / f"{identity}.log",
+            identity=identity,
+            env=env,
+            webhook_port=webhook_port,
         )
         started.append(process)
         return process.start(wait_synced=wait_synced)
