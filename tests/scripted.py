@@ -40,20 +40,24 @@ def listing(*items: dict[str, Any]) -> tuple[int, Any]:
 
 
 class Apiserver:
-    """Answers by path (what is not scripted is a 404, as a missing CRD or object is); every
-    path asked is recorded."""
+    """Answers by path (what is not scripted is a 404, as a missing CRD or object is); a path
+    given a list of answers gives them in turn, the last one from then on. Every request is
+    recorded as `METHOD path` in `calls`, and its path in `asked`."""
 
     def __init__(self) -> None:
-        self.paths: dict[str, tuple[int, Any]] = {}
+        self.paths: dict[str, list[tuple[int, Any]]] = {}
         self.asked: list[str] = []
+        self.calls: list[str] = []
 
-    def __setitem__(self, path: str, answer: tuple[int, Any]) -> None:
-        self.paths[path] = answer
+    def __setitem__(self, path: str, answer: tuple[int, Any] | list[tuple[int, Any]]) -> None:
+        self.paths[path] = list(answer) if isinstance(answer, list) else [answer]
 
     async def request(self, method: str, url: str, **_: Any) -> Answer:
         path = urlparse(url).path
         self.asked.append(path)
-        status, body = self.paths.get(
-            path, (404, {"kind": "Status", "code": 404, "message": "not found"})
+        self.calls.append(f"{method} {path}")
+        answers = self.paths.get(
+            path, [(404, {"kind": "Status", "code": 404, "message": "not found"})]
         )
+        status, body = answers.pop(0) if len(answers) > 1 else answers[0]
         return Answer(status, body)

@@ -9,13 +9,13 @@ import yaml
 from kubernetes_asyncio import client
 from scripted import Apiserver
 
-from gpushare_cli import read
+from gpushare_cli import act, read
 from gpushare_cli.kubeconfig import Source
 
 
 @pytest.fixture
 def apiserver(monkeypatch: pytest.MonkeyPatch) -> Apiserver:
-    """The cluster `read.read_cluster` talks to."""
+    """The cluster `read.read_cluster` and `act.apply_moves` talk to."""
     server = Apiserver()
 
     async def connect(source: Source) -> client.ApiClient:
@@ -23,7 +23,8 @@ def apiserver(monkeypatch: pytest.MonkeyPatch) -> Apiserver:
         api.rest_client.request = server.request  # type: ignore[method-assign,assignment]
         return api
 
-    monkeypatch.setattr(read, "connect", connect)
+    for module in (read, act):  # the CLI's reads and its one writer
+        monkeypatch.setattr(module, "connect", connect)
     monkeypatch.delenv("GPUSHARE_LEASE_NAMESPACE", raising=False)
     return server
 
