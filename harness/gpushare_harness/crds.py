@@ -16,7 +16,7 @@ from typing import Any, cast
 import yaml
 from kubernetes_asyncio import client
 
-from gpushare.kube import api_client
+from gpushare.kube import ApiError, api_client, raw_json
 
 CRD_DIR = Path(__file__).resolve().parents[2] / "manifests" / "base" / "crds"
 ADMISSION_DIR = CRD_DIR.parent / "admission"
@@ -167,8 +167,15 @@ async def remove_admission(api: client.ApiClient) -> None:
     }
     for path in sorted(ADMISSION_DIR.glob("*.yaml")):
         for body in yaml.safe_load_all(path.read_text()):
-            if body["kind"] in deletes:
-                await deletes[body["kind"]](body["metadata"]["name"])
+            if body["kind"] not in deletes:
+                continue
+            try:
+                await raw_json(
+                    deletes[body["kind"]](body["metadata"]["name"], _preload_content=False)
+                )
+            except ApiError as error:
+                if error.status != 404:  # gone already
+                    raise
 
 
 async def _read(admission: client.AdmissionregistrationV1Api, kind: str, name: str) -> str:

@@ -23,8 +23,8 @@ from gpushare.kube.retry import WRITE, retry
 from gpushare.model import PodUid
 from gpushare.model.defrag import Defragmentation, Room
 from gpushare_operator.config import OperatorConfig
-from gpushare_operator.election import Fenced, WriteFence
-from gpushare_operator.kubeapi import SchedulerApi
+from gpushare_operator.election import WriteFence
+from gpushare_operator.kubeapi import Fenced, SchedulerApi
 from gpushare_operator.metrics import MIB, SchedulerMetrics
 from gpushare_operator.reporting import Reporter
 from gpushare_operator.scheduling.cache import SchedulerCache

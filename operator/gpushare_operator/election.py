@@ -29,11 +29,7 @@ from gpushare.kube import ApiError
 from gpushare.kube.clock import micro_time
 from gpushare.model import contract
 from gpushare_operator.config import OperatorConfig, live_view
-from gpushare_operator.kubeapi import SchedulerApi
-
-
-class Fenced(Exception):
-    """A write not sent: this replica may no longer lead (`WriteFence`)."""
+from gpushare_operator.kubeapi import Fenced, SchedulerApi
 
 
 class WriteFence:
@@ -90,8 +86,8 @@ class LeaseElector:
         self.last_contact: float | None = None
         """When the API last answered a Lease call (for the liveness probe)."""
         self.term: str | None = None
-        """The term of the Lease as this replica last wrote it, `holder/leaseTransitions`
-        (`contract.LEADER_TERM`): a new holder makes a new term."""
+        """The term of the Lease as this replica last wrote it (`lease_term`): a new holder
+        makes a new term."""
         self._renewed_at = 0.0
         self._observed: tuple[object, ...] | None = None
         """The Lease's holder record as last read, and (`_observed_at`) when, by
@@ -125,7 +121,7 @@ class LeaseElector:
             self._renewed_at = asked
             if not self.leading:
                 self.leading = True
-                self._log.info("started_leading")
+                self._log.info("started_leading", term=self.term)
                 self._started()
         elif self.leading and now - self._renewed_at > self._config().renew_deadline_s:
             self.leading = False
@@ -187,7 +183,7 @@ class LeaseElector:
                     },
                 }
                 await self._api.write_lease(config.lease_namespace, body, create=True)
-                self.term = f"{config.identity}/0"
+                self.term = lease_term(config, 0)
                 return True
             spec = lease.setdefault("spec", {})
             holder = spec.get("holderIdentity")
@@ -204,7 +200,7 @@ class LeaseElector:
             metadata["annotations"] = {**(metadata.get("annotations") or {}), **_published(config)}
             # resourceVersion in the body: a concurrent writer makes this a 409.
             await self._api.write_lease(config.lease_namespace, lease, create=False)
-            self.term = f"{config.identity}/{int(spec.get('leaseTransitions') or 0)}"
+            self.term = lease_term(config, int(spec.get("leaseTransitions") or 0))
             return True
         except ApiError as error:
             if error.status == 404:
@@ -233,6 +229,12 @@ class LeaseElector:
         if record != self._observed:
             self._observed, self._observed_at = record, now
         return now - self._observed_at > duration_s
+
+
+def lease_term(config: OperatorConfig, transitions: int) -> str:
+    """`contract.LEADER_TERM`'s value: the Lease, its holder and its count of holder changes,
+    as the policy gpushare-leader-writes builds it from the Lease it reads."""
+    return f"{config.lease_namespace}/{config.lease_name}/{config.identity}/{transitions}"
 
 
 def _published(config: OperatorConfig) -> dict[str, str]:

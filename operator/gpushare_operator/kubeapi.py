@@ -13,9 +13,10 @@ single pods are read back after a refused bind.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Protocol, cast
 
 import aiohttp
@@ -107,6 +108,28 @@ async def _unless_absent(call: Awaitable[object]) -> dict[str, Any] | None:
         raise
 
 
+class Fenced(Exception):
+    """A write only the leader may send, not sent (`WriteFence`) or refused by the apiserver
+    (the policy gpushare-leader-writes): this replica may no longer lead."""
+
+
+def _fenced(stamp: Mapping[str, str]) -> dict[str, str]:
+    """The label that sends a write with a term to the policy gpushare-leader-writes."""
+    return {contract.FENCED_LABEL: "true"} if stamp else {}
+
+
+@contextlib.contextmanager
+def _term_over() -> Iterator[None]:
+    """The policy's refusal of a write sent in a term that is over, raised as Fenced: the
+    writers treat it as they treat their own fence's."""
+    try:
+        yield
+    except ApiError as error:
+        if contract.TERM_OVER in error.message:
+            raise Fenced(error.message) from error
+        raise
+
+
 class KubeSchedulerApi:
     """SchedulerApi over kubernetes_asyncio, reading raw responses (see gpushare.kube)."""
 
@@ -121,6 +144,7 @@ class KubeSchedulerApi:
         self._identity = identity
         self._timeout = timeout_s
         self._stamp: Callable[[], Mapping[str, str]] = dict
+        """The term a leader's write names (`fence_leader_writes`)."""
 
     def fence_leader_writes(
         self, check: Callable[[str], None], stamp: Callable[[], Mapping[str, str]]
@@ -135,6 +159,8 @@ class KubeSchedulerApi:
         made before, cannot see a pause (SIGSTOP, a stalled VM) that falls after it: such a
         bind went out on resume, after the standby had taken over, and overfilled a card. A
         fenced request is refused before a byte is written, its connection closed."""
+
+        self._stamp = stamp
 
         async def headers_ready(
             _session: aiohttp.ClientSession,
@@ -173,15 +199,18 @@ class KubeSchedulerApi:
 
     async def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> None:
         # The UID precondition makes the bind fail if the pod was replaced by a namesake.
+        stamp = self._stamp()
         body = protobuf.binding(
             namespace=pod.namespace,
             name=pod.name,
             uid=pod.uid,
-            annotations={**annotations, **self._stamp()},
+            annotations={**annotations, **stamp},
+            labels=_fenced(stamp),
             node=node,
         )
         path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding"
-        await post_protobuf(self._api, path, body, timeout_s=self._timeout)
+        with _term_over():
+            await post_protobuf(self._api, path, body, timeout_s=self._timeout)
 
     async def read_pod(self, pod: PodRef) -> dict[str, Any] | None:
         return await read_pod(self._core, pod.name, pod.namespace, pod.uid, timeout_s=self._timeout)
@@ -305,19 +334,21 @@ class KubeSchedulerApi:
             "metadata": {
                 "name": pod.name,
                 "namespace": pod.namespace,
-                "annotations": dict(self._stamp()),
+                "annotations": dict(stamp := self._stamp()),
+                "labels": _fenced(stamp),
             },
             "deleteOptions": {"preconditions": {"uid": pod.uid}},
         }
-        await raw_json(
-            self._core.create_namespaced_pod_eviction(
-                pod.name,
-                pod.namespace,
-                cast(client.V1Eviction, eviction),
-                _preload_content=False,
-                _request_timeout=self._timeout,
+        with _term_over():
+            await raw_json(
+                self._core.create_namespaced_pod_eviction(
+                    pod.name,
+                    pod.namespace,
+                    cast(client.V1Eviction, eviction),
+                    _preload_content=False,
+                    _request_timeout=self._timeout,
+                )
             )
-        )
 
     async def patch_podgroup_status(self, group: GroupKey, status: Mapping[str, Any]) -> None:
         api = group.api

@@ -18,8 +18,8 @@ from gpushare.kube.clock import parse_time
 from gpushare.model.measured import measured_of
 from gpushare.model.overuse import OverUse, OverUseWatch
 from gpushare_operator.config import OperatorConfig
-from gpushare_operator.election import Fenced, WriteFence
-from gpushare_operator.kubeapi import SchedulerApi
+from gpushare_operator.election import WriteFence
+from gpushare_operator.kubeapi import Fenced, SchedulerApi
 from gpushare_operator.metrics import SchedulerMetrics
 from gpushare_operator.reporting import Reporter
 from gpushare_operator.scheduling.cache import SchedulerCache

@@ -35,8 +35,8 @@ from gpushare.kube.retry import (
 from gpushare.model import Placement, PodRef, PodUid, contract
 from gpushare.model.gangs import GroupKey, GroupSpec
 from gpushare_operator.config import OperatorConfig
-from gpushare_operator.election import Fenced, WriteFence
-from gpushare_operator.kubeapi import SchedulerApi
+from gpushare_operator.election import WriteFence
+from gpushare_operator.kubeapi import Fenced, SchedulerApi
 from gpushare_operator.metrics import SchedulerMetrics
 from gpushare_operator.reporting import Reporter
 from gpushare_operator.scheduling.cache import SchedulerCache

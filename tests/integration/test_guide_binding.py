@@ -26,8 +26,8 @@ from gpushare.model import (
     pod_ref,
 )
 from gpushare_harness import FakeGpuNode, create_gpu_node
-from gpushare_operator.election import Fenced, WriteFence
-from gpushare_operator.kubeapi import COMPONENT, KubeSchedulerApi
+from gpushare_operator.election import WriteFence
+from gpushare_operator.kubeapi import COMPONENT, Fenced, KubeSchedulerApi
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -174,7 +174,8 @@ async def test_a_binding_or_eviction_refused_by_the_fence_as_it_goes_out_is_neve
     pod = pod_ref(await raw_pod(core, "gpu-pod5", namespace))
     api = KubeSchedulerApi(api_client, identity="gpushare-0", timeout_s=30)
     leading = [False]
-    fence = WriteFence(lambda: leading[0])
+    term = "gpushare-system/gpushare-scheduler/gpushare-0/0"
+    fence = WriteFence(lambda: leading[0], lambda: term)
     api.fence_leader_writes(fence.check, fence.stamp)
     with pytest.raises(Fenced, match="binding not sent"):
         await api.bind(pod, "n", {contract.GPU_INDEX: "0"})
@@ -185,4 +186,8 @@ async def test_a_binding_or_eviction_refused_by_the_fence_as_it_goes_out_is_neve
 
     leading[0] = True
     await api.bind(pod, "n", {contract.GPU_INDEX: "0"})
-    assert (await raw_pod(core, "gpu-pod5", namespace))["spec"]["nodeName"] == "n"
+    bound = await raw_pod(core, "gpu-pod5", namespace)
+    assert bound["spec"]["nodeName"] == "n"
+    # The term it was sent in, and the label that has the apiserver's policy judge it.
+    assert bound["metadata"]["annotations"][contract.LEADER_TERM] == term
+    assert bound["metadata"]["labels"][contract.FENCED_LABEL] == "true"

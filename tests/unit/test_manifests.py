@@ -7,7 +7,8 @@ from typing import Any
 
 import yaml
 
-from gpushare_operator.config import live_spec_schema
+from gpushare.model import contract
+from gpushare_operator.config import OperatorConfig, live_spec_schema
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 
@@ -188,3 +189,19 @@ def test_the_device_plugins_namespace_is_exempt_from_the_gpu_env_policy_by_name(
         "operator": "NotIn",
         "values": ["gpushare-device-plugin"],
     } in expressions
+
+
+def test_the_leader_writes_policy_says_what_the_operator_reads_and_sees_only_its_writes() -> None:
+    policy, binding = (
+        doc
+        for doc in documents(MANIFESTS / "base" / "rbac" / "operator.yaml")
+        if doc["metadata"]["name"] == "gpushare-leader-writes"
+    )
+    config = OperatorConfig()
+    assert contract.TERM_OVER in policy["spec"]["validations"][0]["messageExpression"]
+    assert f"'{contract.LEADER_TERM}'" in policy["spec"]["variables"][0]["expression"]
+    assert binding["spec"]["matchResources"]["objectSelector"]["matchLabels"] == {
+        contract.FENCED_LABEL: "true"
+    }
+    lease = binding["spec"]["paramRef"]
+    assert (lease["namespace"], lease["name"]) == (config.lease_namespace, config.lease_name)

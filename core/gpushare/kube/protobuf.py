@@ -55,11 +55,19 @@ def _reference(*, kind: str, namespace: str, name: str, uid: str) -> bytes:
 
 
 def binding(
-    *, namespace: str, name: str, uid: str, annotations: Mapping[str, str], node: str
+    *,
+    namespace: str,
+    name: str,
+    uid: str,
+    annotations: Mapping[str, str],
+    node: str,
+    labels: Mapping[str, str] | None = None,
 ) -> bytes:
     """A Binding of the pod `namespace/name` (only while it is `uid`) to `node`, carrying
-    `annotations` onto the pod."""
+    `annotations` (and `labels`) onto the pod."""
     metadata = _text(1, name) + _text(3, namespace) + _text(5, uid)
+    for key, value in sorted((labels or {}).items()):  # map<string, string> labels = 11
+        metadata += _bytes(11, _text(1, key) + _text(2, value))
     for key, value in sorted(annotations.items()):  # map<string, string> annotations = 12
         metadata += _bytes(12, _text(1, key) + _text(2, value))
     target = _reference(kind="Node", namespace="", name=node, uid="")

@@ -79,7 +79,14 @@ EFFECTIVE_CONFIG: Final = "gpushare.io/effective-config"
 environment and the live GPUShareConfig, as a GPUShareConfig spec in JSON), for the CLI."""
 LEADER_TERM: Final = "gpushare.io/leader-term"
 """On a Binding (and so on the pod it binds) and on an eviction: the Lease term it was sent in,
-`holder/leaseTransitions`; the policy gpushare-leader-writes refuses it once the term is over."""
+`<lease namespace>/<lease name>/<holder>/<leaseTransitions>`; the policy gpushare-leader-writes
+refuses it once that Lease names another term."""
+FENCED_LABEL: Final = "gpushare.io/fenced"
+"""Label ("true") on the Bindings and evictions that carry a term: only these are sent to the
+policy gpushare-leader-writes, so nobody else's Bindings wait on its copy of the Lease."""
+TERM_OVER: Final = "was sent in a Lease term that is over"
+"""What the policy gpushare-leader-writes says when it refuses a write, as the operator knows
+the refusal (a test holds the manifests to it)."""
 
 # Card health, spelled as the kubelet device-plugin API spells device health.
 HEALTHY: Final = "Healthy"

@@ -14,6 +14,8 @@ from gpushare_operator.election import LeaseElector, WriteFence
 
 pytestmark = pytest.mark.asyncio
 
+LEASE = "gpushare-system/gpushare-scheduler"  # the default Lease, its namespace and name
+
 
 class OneLease:
     """The Lease as the apiserver keeps it: a read, a create, a replace."""
@@ -103,19 +105,34 @@ async def test_each_new_holder_writes_in_a_new_term_its_writes_are_stamped_with(
     fence = WriteFence(a.fresh, lambda: a.term)
     await a.step()
     await a.step()  # renewals keep the term
-    assert fence.stamp() == {contract.LEADER_TERM: "a/0"}
+    assert fence.stamp() == {contract.LEADER_TERM: f"{LEASE}/a/0"}
     await b.step()
     b_elapsed[0] += 16  # "a" paused past its Lease: "b" takes it, in a term of its own
     await b.step()
-    assert b.term == "b/1"
+    assert b.term == f"{LEASE}/b/1"
     assert api.lease is not None
     assert api.lease["spec"]["leaseTransitions"] == 1
     # Resumed, "a" stamps its writes with the term that is over: the apiserver's policy
     # (gpushare-leader-writes) compares it with the Lease's and refuses them.
-    assert fence.stamp() == {contract.LEADER_TERM: "a/0"}
+    assert fence.stamp() == {contract.LEADER_TERM: f"{LEASE}/a/0"}
     await a.step()  # "a" steps down and sees "b" hold the Lease
     a_elapsed[0] += 16  # "b" gone quiet in turn: "a" leads again, in a new term
     await a.step()
     assert a.leading
-    assert fence.stamp() == {contract.LEADER_TERM: "a/2"}
+    assert fence.stamp() == {contract.LEADER_TERM: f"{LEASE}/a/2"}
     assert not WriteFence(lambda: True).stamp()  # no leader election: nothing to stamp
+
+
+async def test_a_lease_given_up_on_shutdown_is_taken_in_a_new_term() -> None:
+    api = OneLease()
+    a = replica(api, "a", wall=[1000.0], elapsed=[0.0])
+    b = replica(api, "b", wall=[1000.0], elapsed=[0.0])
+    await a.step()
+    await a.release()  # a clean shutdown: no holder, at once
+    await b.step()
+    assert b.leading
+    assert b.term == f"{LEASE}/b/1"
+    await a.step()  # back, and standing by: the term stays b's
+    assert not a.leading
+    assert api.lease is not None
+    assert api.lease["spec"]["leaseTransitions"] == 1

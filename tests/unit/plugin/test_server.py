@@ -11,6 +11,7 @@ import grpc
 import pytest
 
 from gpushare.model import contract
+from gpushare.model.allocation import NoCandidate
 from gpushare.model.annotations import CardIndex
 from gpushare.model.request import GpuKind
 from gpushare_plugin._proto.v1beta1 import api_pb2
@@ -41,16 +42,23 @@ class Context:
 
 
 class Refusing:
-    """An allocator that cannot answer: the pod watch has not shown the pod in time."""
+    """An allocator that refuses every Allocate with `refusal`."""
+
+    def __init__(self, refusal: Exception) -> None:
+        self.refusal = refusal
 
     async def allocate(self, kind: GpuKind, counts: list[int]) -> NoReturn:
-        raise TimeoutError
+        raise self.refusal
 
 
-def servicer(kind: GpuKind, table: DeviceTable, metrics: PluginMetrics) -> DevicePluginServicer:
-    return DevicePluginServicer(
-        kind=kind, table=table, allocator=cast(Allocator, Refusing()), metrics=metrics
-    )
+def servicer(
+    kind: GpuKind,
+    table: DeviceTable,
+    metrics: PluginMetrics,
+    refusal: Exception | None = None,
+) -> DevicePluginServicer:
+    allocator = cast(Allocator, Refusing(refusal or TimeoutError()))
+    return DevicePluginServicer(kind=kind, table=table, allocator=allocator, metrics=metrics)
 
 
 def health(response: api_pb2.ListAndWatchResponse) -> dict[str, str]:
@@ -70,12 +78,15 @@ async def test_a_card_gone_unhealthy_is_sent_on_the_open_stream_and_counted(
         AsyncGenerator[api_pb2.ListAndWatchResponse, None],
         servicer(kind, table, metrics).ListAndWatch(api_pb2.Empty(), cast(Any, Context())),
     )
-    first = await anext(stream)
-    assert set(health(first).values()) == {contract.HEALTHY}
-    assert [d.topology.nodes[0].ID for d in first.devices if d.ID in on_b] == [1] * len(on_b)
+    try:
+        first = await anext(stream)
+        assert set(health(first).values()) == {contract.HEALTHY}
+        assert [d.topology.nodes[0].ID for d in first.devices if d.ID in on_b] == [1] * len(on_b)
 
-    await table.set_unhealthy(frozenset({"GPU-b"}))
-    second = await asyncio.wait_for(anext(stream), timeout=5)
+        await table.set_unhealthy(frozenset({"GPU-b"}))
+        second = await asyncio.wait_for(anext(stream), timeout=5)
+    finally:
+        await stream.aclose()
     assert [i for i, h in health(second).items() if h == contract.UNHEALTHY] == on_b
     assert len(second.devices) == len(first.devices)  # Unhealthy devices stay listed
     sample = metrics.registry.get_sample_value
@@ -84,18 +95,26 @@ async def test_a_card_gone_unhealthy_is_sent_on_the_open_stream_and_counted(
     assert sample("gpushare_plugin_devices", {**labels, "health": contract.HEALTHY}) == len(
         first.devices
     ) - len(on_b)
-    await stream.aclose()
 
 
 @pytest.mark.asyncio
-async def test_an_allocate_no_watched_pod_answers_in_time_tells_the_kubelet_to_retry() -> None:
+@pytest.mark.parametrize(
+    ("refusal", "told"),
+    [
+        (TimeoutError(), "the pod watch has not synced yet; the kubelet will retry"),
+        (NoCandidate("no pod bound to node n waits for a container of 1"), "no pod bound"),
+    ],
+)
+async def test_an_allocate_the_allocator_cannot_answer_fails_with_the_reason(
+    refusal: Exception, told: str
+) -> None:
     table = DeviceTable(node="n", cards=CARDS, unit_mib=512)
     request = api_pb2.AllocateRequest(
         container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["0-0"])]
     )
     with pytest.raises(Aborted) as refused:
-        await servicer(GpuKind.MEMORY, table, PluginMetrics()).Allocate(
+        await servicer(GpuKind.MEMORY, table, PluginMetrics(), refusal).Allocate(
             request, cast(Any, Context())
         )
     assert refused.value.code is grpc.StatusCode.FAILED_PRECONDITION
-    assert "has not synced yet; the kubelet will retry" in refused.value.details
+    assert told in refused.value.details

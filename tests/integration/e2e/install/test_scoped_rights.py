@@ -18,7 +18,7 @@ from kubernetes_asyncio import client
 
 from gpushare import kube
 from gpushare.kube import ApiError, raw_json
-from gpushare.model import contract
+from gpushare.model import contract, pod_ref
 from gpushare_harness import ControlPlane, FakeGpuNode, create_gpu_node
 from gpushare_harness.identities import (
     OPERATOR,
@@ -28,6 +28,7 @@ from gpushare_harness.identities import (
     token,
     token_kubeconfig,
 )
+from gpushare_operator.kubeapi import Fenced, KubeSchedulerApi
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -217,41 +218,53 @@ async def test_a_binding_or_eviction_sent_in_a_lease_term_that_is_over_is_refuse
             OPERATOR[0], cast(client.V1Lease, lease), _preload_content=False
         )
     )
-    await create_pod(core, gpu_pod("late", number=1))
+    for name in ("late", "other"):
+        await create_pod(core, gpu_pod(name, number=1))
+    now = f"{OPERATOR[0]}/gpushare-scheduler/op-b/4"
+    over = f"{OPERATOR[0]}/gpushare-scheduler/op-a/3"
     config = await operator_kubeconfig(core, plane.kubeconfig, tmp_path / "operator")
     async with await kube.api_client(config) as api:
         operator = client.CoreV1Api(api)
 
-        def binding(term: str, **dry_run: Any) -> Awaitable[object]:
-            body = {
-                "apiVersion": "v1",
-                "kind": "Binding",
-                "metadata": {"name": "late", "annotations": {contract.LEADER_TERM: term}},
-                "target": {"kind": "Node", "name": "n1"},
-            }
-            return operator.create_namespaced_pod_binding(
-                "late", "default", cast(client.V1Binding, body), _preload_content=False, **dry_run
-            )
-
-        def eviction(term: str, **dry_run: Any) -> Awaitable[object]:
-            body = {
-                "apiVersion": "policy/v1",
-                "kind": "Eviction",
-                "metadata": {"name": "late", "annotations": {contract.LEADER_TERM: term}},
-            }
+        def write(kind: str, pod: str, term: str | None, **dry_run: Any) -> Awaitable[object]:
+            metadata: dict[str, Any] = {"name": pod}
+            if term is not None:  # as the operator sends it: the term, and the label
+                metadata["annotations"] = {contract.LEADER_TERM: term}
+                metadata["labels"] = {contract.FENCED_LABEL: "true"}
+            if kind == "Binding":
+                body = {"metadata": metadata, "target": {"kind": "Node", "name": "n1"}}
+                return operator.create_namespaced_pod_binding(
+                    pod, "default", cast(client.V1Binding, body), _preload_content=False, **dry_run
+                )
             return operator.create_namespaced_pod_eviction(
-                "late", "default", cast(client.V1Eviction, body), _preload_content=False, **dry_run
+                pod,
+                "default",
+                cast(client.V1Eviction, {"metadata": metadata}),
+                _preload_content=False,
+                **dry_run,
             )
 
-        stale = await refusal(lambda **dry: binding("op-a/3", **dry))
-        assert "sent in Lease term op-a/3, but the term now is op-b/4" in stale
-        await raw_json(binding("op-b/4"))  # the term now: bound
+        stale = await refusal(lambda **dry: write("Binding", "late", over, **dry))
+        assert f"the binding of pod default/late {contract.TERM_OVER} ({over}" in stale
+        assert f"the Lease names {now} now" in stale
+        await raw_json(write("Binding", "late", now))  # the term now: bound
         bound = await raw_json(core.read_namespaced_pod("late", "default", _preload_content=False))
         assert bound["spec"]["nodeName"] == "n1"
-        assert bound["metadata"]["annotations"][contract.LEADER_TERM] == "op-b/4"
-        evicted = await refusal(lambda **dry: eviction("op-b/3", **dry))
-        assert "but the term now is op-b/4" in evicted
-        await raw_json(eviction("op-b/4", dry_run="All"))
+        assert bound["metadata"]["annotations"][contract.LEADER_TERM] == now
+        evicted = await refusal(lambda **dry: write("Eviction", "late", over, **dry))
+        assert f"the eviction of pod default/late {contract.TERM_OVER}" in evicted
+        await raw_json(write("Eviction", "late", now, dry_run="All"))
+        # Not judged: a write without a term (kube-scheduler's Bindings), or another Lease's.
+        await raw_json(write("Binding", "other", None, dry_run="All"))
+        await raw_json(write("Binding", "other", "elsewhere/lease/op-a/3", dry_run="All"))
+
+        # The operator's client takes the refusal as its fence's: the writers requeue.
+        scheduler = KubeSchedulerApi(api, identity="op-a", timeout_s=30)
+        scheduler.fence_leader_writes(lambda _: None, lambda: {contract.LEADER_TERM: over})
+        other = core.read_namespaced_pod("other", "default", _preload_content=False)
+        ref = pod_ref(await raw_json(other))
+        with pytest.raises(Fenced, match=contract.TERM_OVER):
+            await scheduler.bind(ref, "n1", {})
 
 
 async def test_a_pods_placement_record_is_written_by_gpushare_alone(
