@@ -180,14 +180,16 @@ def manifest(number: int) -> dict[str, Any]:
 
 
 async def retrying(call: Callable[[], Any], *, attempts: int = 60, missing_ok: bool = False) -> Any:
-    """An API call that rides out the apiserver restart and etcd's pauses."""
+    """An API call that rides out the apiserver restart and etcd's pauses (a refusal for
+    good still fails, after the attempts)."""
     for attempt in range(attempts):
         try:
             return await call()
         except (aiohttp.ClientError, OSError, ApiError) as error:
             if isinstance(error, ApiError) and error.status == 404 and missing_ok:
                 return None
-            if isinstance(error, ApiError) and error.status not in (429, 500, 503, 504):
+            # 403 too: an apiserver just restarted refuses until its RBAC caches are filled.
+            if isinstance(error, ApiError) and error.status not in (403, 429, 500, 503, 504):
                 raise
             if attempt == attempts - 1:
                 raise
