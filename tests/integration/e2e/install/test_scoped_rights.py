@@ -114,13 +114,21 @@ async def test_the_device_plugins_token_writes_only_its_own_nodes_objects(
         objects = client.CustomObjectsApi(api)
         served: dict[str, str | None] = {contract.GPU_ASSIGNED: contract.GPU_ASSIGNED_TRUE}
 
-        other_node = await refusal(lambda **dry: annotate(plugin, "on-n2", served, **dry))
+        # An annotation no other policy guards: the refusal is this policy's alone (with
+        # gpu-assigned, the placement policy refuses too, and either may answer first).
+        other_node = await refusal(lambda **dry: annotate(plugin, "on-n2", {"team": "a"}, **dry))
         assert "device plugin of node n1 may write only its own node's objects" in other_node
         await raw_json(annotate(plugin, "on-n1", served))  # its own node: allowed
+        labelled = await refusal(lambda **dry: annotate(plugin, "on-n1", {"team": "a"}, **dry))
+        assert "may change only the annotation volcano.sh/gpu-assigned" in labelled
         moved = await refusal(
             lambda **dry: annotate(plugin, "on-n1", {contract.GPU_INDEX: "3"}, **dry)
         )
-        assert "may change only the annotation volcano.sh/gpu-assigned" in moved
+        # Refused by this policy and the placement policy: the apiserver tells either.
+        assert any(
+            m in moved
+            for m in ("may change only the annotation volcano.sh/gpu-assigned", "pod-placement")
+        )
         relabel = await refusal(
             lambda **dry: plugin.patch_node(
                 "n1", {"metadata": {"labels": {"gpushare": "false"}}}, _preload_content=False, **dry
