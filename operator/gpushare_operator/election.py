@@ -85,6 +85,8 @@ class LeaseElector:
         self.leading = False
         self.last_contact: float | None = None
         """When the API last answered a Lease call (for the liveness probe)."""
+        self._led_in: str | None = None
+        """The term this leadership began in."""
         self.term: str | None = None
         """The term of the Lease as this replica last wrote it (`lease_term`): a new holder
         makes a new term."""
@@ -119,8 +121,15 @@ class LeaseElector:
         now = self._monotonic()
         if held:
             self._renewed_at = asked
+            if self.leading and self.term != self._led_in:
+                # Taken anew while it believed it led (paused while another held the Lease and
+                # gave it up): what it decided before is of a term that is over. Lead afresh.
+                self.leading = False
+                self._log.warning("stopped_leading", reason=f"the Lease was {self._led_in}'s")
+                self._stopped()
             if not self.leading:
                 self.leading = True
+                self._led_in = self.term
                 self._log.info("started_leading", term=self.term)
                 self._started()
         elif self.leading and now - self._renewed_at > self._config().renew_deadline_s:

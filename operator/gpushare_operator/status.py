@@ -144,11 +144,13 @@ class StatusWriter:
             self._log.warning("node_event_failed", node=name, error=repr(error))
 
     async def _paced(self) -> None:
-        """Wait for this write's turn at `status_write_rate` writes a second."""
+        """Wait for this write's turn at `status_write_rate` writes a second. The next turn
+        counts from when this one came, not when it was due: a loop that woke late (a busy
+        machine) would otherwise catch up with writes back to back."""
         now = time.monotonic()
         if self._next_write_at > now:
             await asyncio.sleep(self._next_write_at - now)
-        self._next_write_at = max(now, self._next_write_at) + 1 / self._config().status_write_rate
+        self._next_write_at = time.monotonic() + 1 / self._config().status_write_rate
 
 
 def _status_of(conditions: Any, kind: str) -> str | None:

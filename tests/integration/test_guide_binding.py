@@ -188,6 +188,7 @@ async def test_a_binding_or_eviction_refused_by_the_fence_as_it_goes_out_is_neve
     await api.bind(pod, "n", {contract.GPU_INDEX: "0"})
     bound = await raw_pod(core, "gpu-pod5", namespace)
     assert bound["spec"]["nodeName"] == "n"
-    # The term it was sent in, and the label that has the apiserver's policy judge it.
+    # The term it was sent in, and the label that sent the Binding to the apiserver's policy
+    # (the apiserver copies a Binding's labels to the pod too, from 1.35 on).
     assert bound["metadata"]["annotations"][contract.LEADER_TERM] == term
     assert bound["metadata"]["labels"][contract.FENCED_LABEL] == "true"

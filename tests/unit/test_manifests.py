@@ -198,7 +198,9 @@ def test_the_leader_writes_policy_says_what_the_operator_reads_and_sees_only_its
         if doc["metadata"]["name"] == "gpushare-leader-writes"
     )
     config = OperatorConfig()
-    assert contract.TERM_OVER in policy["spec"]["validations"][0]["messageExpression"]
+    validation = policy["spec"]["validations"][0]
+    assert contract.TERM_OVER in validation["messageExpression"]
+    assert contract.TERM_OVER in validation["message"]  # if the expression cannot be built
     assert f"'{contract.LEADER_TERM}'" in policy["spec"]["variables"][0]["expression"]
     assert binding["spec"]["matchResources"]["objectSelector"]["matchLabels"] == {
         contract.FENCED_LABEL: "true"

@@ -64,7 +64,8 @@ def binding(
     labels: Mapping[str, str] | None = None,
 ) -> bytes:
     """A Binding of the pod `namespace/name` (only while it is `uid`) to `node`, carrying
-    `annotations` (and `labels`) onto the pod."""
+    `annotations` onto the pod; `labels` are the Binding's own (from Kubernetes 1.35 the
+    apiserver copies them to the pod as well)."""
     metadata = _text(1, name) + _text(3, namespace) + _text(5, uid)
     for key, value in sorted((labels or {}).items()):  # map<string, string> labels = 11
         metadata += _bytes(11, _text(1, key) + _text(2, value))

@@ -136,3 +136,31 @@ async def test_a_lease_given_up_on_shutdown_is_taken_in_a_new_term() -> None:
     assert not a.leading
     assert api.lease is not None
     assert api.lease["spec"]["leaseTransitions"] == 1
+
+
+async def test_a_leader_paused_while_the_lease_changed_hands_twice_leads_afresh() -> None:
+    api = OneLease()
+    a_elapsed = [0.0]
+    transitions: list[str] = []
+    config = OperatorConfig(identity="a", lease_duration_s=15, renew_deadline_s=10)
+    a = LeaseElector(
+        api,  # type: ignore[arg-type]
+        config=lambda: config,
+        on_started_leading=lambda: transitions.append("started"),
+        on_stopped_leading=lambda: transitions.append("stopped"),
+        clock=lambda: 1000.0,
+        monotonic=lambda: a_elapsed[0],
+    )
+    await a.step()
+    b_elapsed = [0.0]
+    b = replica(api, "b", wall=[1000.0], elapsed=b_elapsed)
+    await b.step()
+    b_elapsed[0] += 16  # "a" paused: "b" takes the Lease, then gives it up on shutdown
+    await b.step()
+    await b.release()
+    a_elapsed[0] += 16  # "a" resumes and takes the free Lease in its first round
+    await a.step()
+    # Its decisions from before are of a term that is over: its leadership starts again
+    # (the runtime cancels them and lists everything before deciding).
+    assert transitions == ["started", "stopped", "started"]
+    assert a.term == f"{LEASE}/a/2"

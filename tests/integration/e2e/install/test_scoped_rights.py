@@ -273,6 +273,9 @@ async def test_a_binding_or_eviction_sent_in_a_lease_term_that_is_over_is_refuse
         ref = pod_ref(await raw_json(other))
         with pytest.raises(Fenced, match=contract.TERM_OVER):
             await scheduler.bind(ref, "n1", {})
+        late = core.read_namespaced_pod("late", "default", _preload_content=False)
+        with pytest.raises(Fenced, match=contract.TERM_OVER):
+            await scheduler.evict(pod_ref(await raw_json(late)))
 
 
 async def test_a_pods_placement_record_is_written_by_gpushare_alone(
