@@ -86,6 +86,11 @@ async def startup(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> No
                 files = mounted_serving_files(Path(config.webhook_cert_dir))
             except CertificateMissing as error:
                 raise kopf.PermanentError(str(error)) from None
+            logs.get("webhook").info(
+                "webhook_certificate_mounted",
+                directory=config.webhook_cert_dir,
+                ca_bundle="kept by the certificate's issuer, not by the operator",
+            )
         else:
             files = write_serving_files(await shared_certificate(api, config))
             state.spawn(keep_ca_bundle(api, state.current_config, files.ca_pem), "webhook caBundle")

@@ -46,12 +46,13 @@ async def test_the_operator_serves_a_mounted_certificate_and_leaves_the_ca_bundl
             _preload_content=False,
         )
     )
-    operators(GPUSHARE_WEBHOOK_CERT_DIR=str(mounted))
+    operator = operators(GPUSHARE_WEBHOOK_CERT_DIR=str(mounted))
     await ready(core)
     created = await create(core, gpu_pod("converted", 1024, nodeSelector={"none": "none"}))
     assert limit(created) == "2"
 
-    await asyncio.sleep(2)  # an operator keeping its own CA would have set it by now
+    # Decided at startup, before the webhook served the pod above: no caBundle of its own.
+    await asyncio.to_thread(operator.wait_logged, "webhook_certificate_mounted", timeout_s=5)
     configuration = await raw_json(
         admission_api.read_mutating_webhook_configuration("gpushare", _preload_content=False)
     )

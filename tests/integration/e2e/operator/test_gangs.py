@@ -300,7 +300,17 @@ async def test_beside_volcanos_scheduler_each_serves_its_own_gangs_and_podgroups
         return "status" in await read_group(groups, "ours")
 
     await eventually(ours_reported, what="the status of the PodGroup gpushare serves")
-    await asyncio.sleep(3)  # a status interval and more
+    # A gang of ours created after both: once its status is written, the writer has been
+    # through every PodGroup since "theirs" existed.
+    await create_group(groups, "later", {"minMember": 1})
+    later = member("l0", "later", 1000)
+    later["spec"]["schedulerName"] = "gpushare"
+    await create_pod(core, later)
+
+    async def later_reported() -> bool:
+        return "status" in await read_group(groups, "later")
+
+    await eventually(later_reported, what="the status of a PodGroup created after")
     assert "status" not in await read_group(groups, "theirs")
     for index in range(2):
         assert await node_of(core, f"t{index}") is None

@@ -77,13 +77,15 @@ async def test_a_same_size_pod_waits_for_its_best_card_instead_of_a_worse_one_el
 ) -> None:
     await create_gpu_node(core, FakeGpuNode(name="n", gpu_memory=20000, gpu_number=2))
     await create_gpu_node(core, FakeGpuNode(name="m", gpu_memory=30000, gpu_number=1))
-    start_operator()
+    operator = start_operator(GPUSHARE_LOG_LEVEL="debug")  # it says when it holds a pod back
     await create_pod(core, gpu_pod("a", 6000))
     assert (await bound(core, "a"))["spec"]["nodeName"] == "n"
     # Best fit is n's card 1 (4000 MiB left), held back until a is assigned; m's card would
     # leave 24000 MiB stranded beside it.
     await create_pod(core, gpu_pod("b", 6000))
-    await asyncio.sleep(1.0)
+    await asyncio.to_thread(
+        operator.wait_logged, "held", timeout_s=10, match=lambda e: e.get("pod") == "default/b"
+    )
     assert (await read_pod(core, "b"))["spec"].get("nodeName") is None
     await mark_assigned(core, "a")
     placed = await bound(core, "b")
@@ -194,7 +196,10 @@ async def test_an_unschedulable_pod_is_retried_when_a_node_arrives_without_a_hot
     start_operator()
     await create_pod(core, gpu_pod("big", 40000))
     await unschedulable(core, "big")
-    await asyncio.sleep(3)  # nothing changes: no new attempt, no new event
+    # Nothing changes for "big": no new event while a pod created after it is placed (the
+    # decision loop has turned since, and did not try "big" again for nothing).
+    await create_pod(core, gpu_pod("fits", 1024))
+    await bound(core, "fits")
     warnings = [e for e in await events_of(core, "big") if e["reason"] == "FailedScheduling"]
     assert len(warnings) == 1
     await create_gpu_node(core, FakeGpuNode(name="large", gpu_memory=81559, gpu_number=1))
