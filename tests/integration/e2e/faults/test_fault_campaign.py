@@ -844,17 +844,19 @@ def transitions(term: str) -> int:
     return int(term.rsplit("/", 1)[1])
 
 
+def causes_of(at: float, faults: list[Fired]) -> list[str]:
+    """The faults, in firing order, that a refusal at `at` (unix seconds) follows closely
+    enough to be explained by them."""
+    return [f.name for f in faults if f.start - 1 <= at <= f.end + REFUSAL_GRACE_S]
+
+
 def check_not_converted(not_converted: dict[str, float], fired: list[Fired]) -> None:
     """Each pod refused at creation as not converted was created while a fault left the
     webhook without a replica to answer."""
     unexplained = {}
     refusals = Counter[str]()
     for name, at in not_converted.items():
-        causes = [
-            f.name
-            for f in fired
-            if f.name in WEBHOOK_FAULTS and f.start - 1 <= at <= f.end + REFUSAL_GRACE_S
-        ]
+        causes = causes_of(at, [f for f in fired if f.name in WEBHOOK_FAULTS])
         if not causes:
             unexplained[name] = at
         refusals.update(causes[-1:])
@@ -888,13 +890,9 @@ def check_started(pods: list[dict[str, Any]], nodes: list[FakeNode], fired: list
             assert uid in rejected, (SEED, name, "failed, but not refused by its kubelet")
             node, line = rejected[uid]
             at = stamp(line["time"])
-            causes = [
-                f.name
-                for f in fired
-                if f.causes_refusals
-                and f.start - 1 <= at <= f.end + REFUSAL_GRACE_S
-                and (f.nodes is None or node in f.nodes)
-            ]
+            causes = causes_of(
+                at, [f for f in fired if f.causes_refusals and (f.nodes is None or node in f.nodes)]
+            )
             if not causes:
                 unexplained.append((name, node, line["time"], line["message"]))
             refusals.update(causes[-1:])
