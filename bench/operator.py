@@ -13,19 +13,29 @@ each scheduler alone on it (the pods of the one before deleted):
   client limit raised to 5,000 requests/s so that the apiserver is the limit, once at its
   default (50/s); it places the pods by the nodes' `volcano.sh/gpu-memory` totals only;
 - the operator (`python -m gpushare_operator`).
+Each scheduler runs on its own identity, as clusters run them: kube-scheduler on a client
+certificate for `system:kube-scheduler` (kubeadm's scheduler.conf), the operator on its
+ServiceAccount's token with the shipped roles, policies and FlowSchema applied; so the
+apiserver authenticates, authorizes and queues (API Priority and Fairness: both in
+`workload-high`) each as it would in a cluster. The benchmark's own calls and the stand-in's
+are the admin's.
 A stand-in in a process of its own marks every bound pod `gpu-assigned` as the device plugins
 would, in every scheduler's phase: the node's write of a GPU pod is the same whoever placed it,
 so each scheduler is measured with the same load on the apiserver per pod (the Binding and its
 Event are the scheduler's own).
 For each: backlog (P pods pending before it starts; pods bound per second from its first
-bind to its last, its CPU seconds per 1,000 pods over that time, and the apiserver's and
-etcd's together), burst (P pods created
+bind to its last, and its CPU seconds per 1,000 pods over that time), burst (P pods created
 while it runs, 32 creates in flight; pods bound per second from the first create, and
-create-to-bound p50 and p99), single pods (created one at a time into the idle cluster, 5 s
-after the burst, create-to-bound p50 and p99), the apiserver's and etcd's CPU per 1,000 pods
-over the whole phase (from its start to 5 s after the last single pod, so that every Event it
-defers is counted; the pods' creates and the stand-in's PATCHes are in it for either
-scheduler), and its resident memory at the end. Times are seen by one watch in this process.
+create-to-bound p50 and p99), single pods (created one at a time into the idle cluster,
+create-to-bound p50 and p99), and its resident memory at the end. The apiserver's and etcd's
+CPU per 1,000 pods is taken over the backlog (from the scheduler's start), over the burst (from
+its first create) and over the whole phase, each until every pod of it is done: bound, marked
+`gpu-assigned` by the stand-in and announced by its Scheduled Event, so that writes a scheduler
+defers count too (the pods' creates and the stand-in's PATCHes are in it for either scheduler).
+Times are seen by watches in this process. Each phase reports the requests per pod: the
+apiserver's by verb and resource (a 429 answered and sent again counts twice), its
+authentications, its requests to etcd, and etcd's calls, watch events and bytes;
+`--profile DIR` writes the apiserver's and etcd's CPU profiles of each phase (pprof) there.
 
 The apiserver's rate moves by a quarter from one minute to the next on these shared cores, so
 kube-scheduler (raised) and the operator are measured `--rounds` times each, taking turns
@@ -43,6 +53,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -52,29 +63,32 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
 
+import aiohttp
 from kubernetes_asyncio import client, watch
 
 from gpushare import kube
 from gpushare.model import contract, pod_ref
+from gpushare.model.annotations import gpu_assigned
 from gpushare.model.gangs import VOLCANO_GROUP_ANNOTATIONS, GroupApi
 from gpushare_harness import ControlPlane, FakeGpuNode, create_gpu_node
 from gpushare_harness.binaries import ensure_binaries
 from gpushare_harness.controlplane import free_port
 from gpushare_harness.crds import install_crds, install_podgroup_crds
+from gpushare_harness.identities import install_roles, operator_kubeconfig
 from gpushare_harness.operator import OperatorProcess
 from gpushare_harness.standin import act_as_device_plugins
 from gpushare_operator.kubeapi import KubeSchedulerApi
 
 CARD_MIB = 11178
+FLOW_SCHEMA = Path(__file__).resolve().parents[1] / "manifests/base/operator/flow-schema.yaml"
 IN_FLIGHT = 32
 RAW_PROCESSES = 2
 KUBE_SCHEDULER_RAISED_QPS = 5000
-QUIET_S = 5.0
 STAND_IN_IN_FLIGHT = 256
 """The device plugins' PATCHes at once, each on a connection of its own (a kubelet per node)."""
 
@@ -161,9 +175,13 @@ async def create_pods(
 
 @dataclass
 class Binds:
-    """When the watch first showed each pod of the benchmark bound (monotonic)."""
+    """When watches in this process first showed each pod of the benchmark bound, marked
+    `gpu-assigned` by the stand-in, and with its Scheduled Event (monotonic): a pod is done
+    when all three are seen, every write its scheduling costs the apiserver made."""
 
     at: dict[str, float] = field(default_factory=dict)
+    assigned: dict[str, float] = field(default_factory=dict)
+    announced: dict[str, float] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     on_bind: Callable[[], None] | None = None
 
@@ -181,15 +199,41 @@ class Binds:
                     if self.on_bind is not None:
                         self.on_bind()
                     self.changed.set()
+                annotations = obj["metadata"].get("annotations") or {}
+                if gpu_assigned(annotations) and key not in self.assigned:
+                    self.assigned[key] = time.monotonic()
+                    self.changed.set()
 
-    async def wait(self, keys: list[str], timeout_s: float = 900) -> None:
+    async def watch_events(self, api: client.ApiClient, ready: asyncio.Event) -> None:
+        """Scheduled Events, kube-scheduler's (events.k8s.io) and the operator's (core) alike."""
+        core = client.CoreV1Api(api)
+        async with watch.Watch() as stream:
+            ready.set()
+            async for event in stream.stream(
+                core.list_event_for_all_namespaces, _request_timeout=3600
+            ):
+                obj = event["raw_object"]
+                regarding = obj.get("involvedObject") or {}
+                key = f"{regarding.get('namespace')}/{regarding.get('name')}"
+                if obj.get("reason") == "Scheduled" and key not in self.announced:
+                    self.announced[key] = time.monotonic()
+                    self.changed.set()
+
+    def _seen(self, key: str, *, done: bool) -> bool:
+        if not done:
+            return key in self.at
+        return key in self.at and key in self.assigned and key in self.announced
+
+    async def wait(self, keys: list[str], timeout_s: float = 900, *, done: bool = False) -> None:
+        """Until every pod of `keys` is bound (`done`: and assigned, and announced)."""
         deadline = time.monotonic() + timeout_s
-        while not all(k in self.at for k in keys):
+        while not all(self._seen(k, done=done) for k in keys):
             self.changed.clear()
             left = deadline - time.monotonic()
             if left <= 0:
-                missing = sum(1 for k in keys if k not in self.at)
-                raise TimeoutError(f"{missing} of {len(keys)} pods not bound in {timeout_s} s")
+                missing = sum(1 for k in keys if not self._seen(k, done=done))
+                what = "bound, assigned and announced" if done else "bound"
+                raise TimeoutError(f"{missing} of {len(keys)} pods not {what} in {timeout_s} s")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), timeout=left)
 
@@ -244,49 +288,66 @@ async def measure(
     scheduler: Scheduler,
     args: argparse.Namespace,
     namespace: str,
+    *,
+    profiles: Callable[[str], ServerProfiles] | None = None,
 ) -> dict[str, Any]:
     core = client.CoreV1Api(api)
     await core.create_namespace(cast(client.V1Namespace, {"metadata": {"name": namespace}}))
     backlog = [f"backlog-{i}" for i in range(args.pods)]
     await create_pods(core, namespace, backlog, scheduler.name)
     requests_before = await server_requests(api)
-    server_before = server_cpu_seconds()
+    server_before = each_server_cpu_seconds()
+    profile = profiles(namespace) if profiles is not None else None
+    if profile is not None:
+        profile.start()
     pid = scheduler.start()
     pods = 2 * args.pods + args.single
     try:
-        backlog_rate, cpu_per_1000, server_per_1000 = await backlog_bound(
-            binds, pid, namespace, backlog
-        )
+        keys = [f"{namespace}/{n}" for n in backlog]
+        backlog_rate, cpu_per_1000 = await backlog_bound(binds, pid, keys)
+        await binds.wait(keys, done=True)
+        backlog_server = server_cpu_seconds() - sum(server_before.values())
 
         burst = [f"burst-{i}" for i in range(args.pods)]
+        keys = [f"{namespace}/{n}" for n in burst]
+        burst_server_before = server_cpu_seconds()
         started = time.monotonic()
         created = await create_pods(core, namespace, burst, scheduler.name)
-        await binds.wait([f"{namespace}/{n}" for n in burst])
+        await binds.wait(keys)
         bound = {n: binds.at[f"{namespace}/{n}"] for n in burst}
         burst_rate = len(burst) / (max(bound.values()) - started)
         latencies = [bound[n] - created[n] for n in burst]
+        await binds.wait(keys, done=True)
+        burst_server = server_cpu_seconds() - burst_server_before
 
-        await asyncio.sleep(QUIET_S)  # the burst's events and assignments written: idle
         single = []
         for number in range(args.single):
             name = f"single-{number}"
             answered = (await create_pods(core, namespace, [name], scheduler.name))[name]
             await binds.wait([f"{namespace}/{name}"], timeout_s=60)
             single.append(binds.at[f"{namespace}/{name}"] - answered)
-        await asyncio.sleep(QUIET_S)  # the last events written
-        server_phase = server_cpu_seconds() - server_before
+            await binds.wait([f"{namespace}/{name}"], timeout_s=60, done=True)
+        server_phase = {
+            name: seconds - server_before[name]
+            for name, seconds in each_server_cpu_seconds().items()
+        }
         memory = rss_mib(pid)
     finally:
         binds.on_bind = None
         scheduler.stop()
+        if profile is not None:
+            await profile.stop()
     requests = await server_requests(api)
     requests.subtract(requests_before)
     await empty(core, namespace)
     return {
         "backlog_bound_per_s": round(backlog_rate),
         "backlog_cpu_s_per_1000_pods": round(cpu_per_1000, 2),
-        "backlog_server_cpu_s_per_1000_pods": round(server_per_1000, 2),
-        "server_cpu_s_per_1000_pods": round(server_phase / pods * 1000, 2),
+        "backlog_server_cpu_s_per_1000_pods": round(backlog_server / args.pods * 1000, 2),
+        "burst_server_cpu_s_per_1000_pods": round(burst_server / args.pods * 1000, 2),
+        "server_cpu_s_per_1000_pods": round(sum(server_phase.values()) / pods * 1000, 2),
+        "apiserver_cpu_s_per_1000_pods": round(server_phase["kube-apiserver"] / pods * 1000, 2),
+        "etcd_cpu_s_per_1000_pods": round(server_phase["etcd"] / pods * 1000, 2),
         "burst_bound_per_s": round(burst_rate),
         "burst_create_to_bound_p50_ms": round(statistics.median(latencies) * 1000),
         "burst_create_to_bound_p99_ms": round(percentile(latencies, 0.99) * 1000),
@@ -301,50 +362,140 @@ async def measure(
     }
 
 
+ETCD_COUNTED = {
+    "grpc_server_handled_total": "grpc_method",
+    "grpc_server_started_total": "grpc_method",
+    "grpc_server_msg_sent_total": "grpc_method",
+    "grpc_server_msg_received_total": "grpc_method",
+    "etcd_debugging_mvcc_events_total": "",
+    "etcd_network_client_grpc_received_bytes_total": "",
+    "etcd_network_client_grpc_sent_bytes_total": "",
+}
+"""etcd's own counts: its calls by gRPC method, and the bytes it took in and sent out."""
+
+
 async def server_requests(api: client.ApiClient) -> Counter[str]:
-    """The apiserver's requests so far by verb and resource (`apiserver_request_total`), but
-    the benchmark's own: pods created, the stand-in's PATCH and the watches' LISTs."""
+    """The apiserver's requests so far by verb and resource (`apiserver_request_total`), its
+    own requests to etcd by operation and resource (`etcd_requests_total`, "etcd ..."), and
+    etcd's calls by gRPC method and bytes in and out ("etcd grpc ..."), the benchmark's own
+    included: pods created, the stand-in's PATCH and the watches' LISTs."""
     response = await api.call_api(
         "/metrics", "GET", _preload_content=False, auth_settings=["BearerToken"]
     )
-    text = (await response.read()).decode()
     counts: Counter[str] = Counter()
-    for line in text.splitlines():
-        if not line.startswith("apiserver_request_total{"):
-            continue
-        labels = dict(
-            part.split("=", 1) for part in line[line.index("{") + 1 : line.rindex("}")].split(",")
-        )
-        labels = {key: value.strip('"') for key, value in labels.items()}
-        what = f"{labels.get('verb')} {labels.get('resource')}"
-        if labels.get("subresource"):
-            what += f"/{labels['subresource']}"
-        counts[what] += int(float(line.rsplit(" ", 1)[1]))
+    counted = ("apiserver_request_total", "etcd_requests_total", "authentication_attempts")
+    for metric, labels, value in samples((await response.read()).decode(), counted):
+        if metric == "authentication_attempts":
+            counts[f"authenticated {labels.get('result')}"] += value
+        elif metric == "etcd_requests_total":
+            counts[f"etcd {labels.get('operation')} {labels.get('resource')}"] += value
+        elif metric == "apiserver_request_total":
+            what = f"{labels.get('verb')} {labels.get('resource')}"
+            if labels.get("subresource"):
+                what += f"/{labels['subresource']}"
+            counts[what] += value
+    async with aiohttp.ClientSession() as session, session.get(ETCD_URL[0] + "/metrics") as got:
+        for metric, labels, value in samples(await got.text(), ETCD_COUNTED):
+            counts[f"etcd grpc {metric} {labels.get(ETCD_COUNTED[metric], '')}".strip()] += value
     return counts
 
 
-SERVER_PIDS: list[int] = []
+def samples(text: str, wanted: Collection[str]) -> Iterator[tuple[str, dict[str, str], int]]:
+    """Each sample of the `wanted` counters in a Prometheus text exposition: its metric,
+    labels and value."""
+    for line in text.splitlines():
+        metric = line.partition("{")[0].partition(" ")[0]
+        if metric not in wanted:
+            continue
+        rest = line.partition("{")[2]
+        labels = {}
+        if rest:
+            for part in rest[: rest.rindex("}")].split(","):
+                key, _, quoted = part.partition("=")
+                labels[key] = quoted.strip('"')
+        yield metric, labels, int(float(line.rsplit(" ", 1)[1]))
+
+
+ETCD_URL: list[str] = []
+"""etcd's client URL, for its metrics."""
+SERVER_PIDS: dict[str, int] = {}
 """The apiserver's and etcd's: their CPU per pod is each scheduler's cost on the server."""
 
 
 def server_cpu_seconds() -> float:
-    return sum(cpu_seconds(p) for p in SERVER_PIDS)
+    return sum(each_server_cpu_seconds().values())
 
 
-async def backlog_bound(
-    binds: Binds, pid: int, namespace: str, names: list[str]
-) -> tuple[float, float, float]:
-    """Pods bound per second from the first bind to the last of `names` (pending before the
-    scheduler `pid` started), its CPU seconds per 1,000 pods over that time, and the
-    apiserver's and etcd's together."""
-    keys = [f"{namespace}/{n}" for n in names]
-    cpu: dict[str, tuple[float, float]] = {}
+def each_server_cpu_seconds() -> dict[str, float]:
+    return {name: cpu_seconds(pid) for name, pid in SERVER_PIDS.items()}
+
+
+PROFILE_CHUNK_S = 5
+"""pprof's CPU profile covers a duration given up front; a phase's is taken in chunks this long
+(the one under way when the phase ends is dropped) and merged."""
+
+
+class ServerProfiles:
+    """CPU profiles of the apiserver and etcd over a phase, each merged into
+    `<directory>/<phase>-<server>.pb.gz` (read them with `go tool pprof`)."""
+
+    def __init__(self, api: client.ApiClient, etcd: str, directory: Path, phase: str) -> None:
+        self._api = api
+        self._etcd = etcd
+        self._directory = directory
+        self._phase = phase
+        self._chunks: dict[str, list[Path]] = {"kube-apiserver": [], "etcd": []}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._directory.mkdir(parents=True, exist_ok=True)
+        self._tasks = [asyncio.create_task(self._collect(server)) for server in self._chunks]
+
+    async def _fetch(self, server: str, session: aiohttp.ClientSession) -> bytes:
+        query = f"/debug/pprof/profile?seconds={PROFILE_CHUNK_S}"
+        if server == "etcd":
+            async with session.get(self._etcd + query) as answer:
+                answer.raise_for_status()
+                return await answer.read()
+        response = await self._api.call_api(
+            query, "GET", _preload_content=False, auth_settings=["BearerToken"]
+        )
+        return cast(bytes, await response.read())
+
+    async def _collect(self, server: str) -> None:
+        async with aiohttp.ClientSession() as session:
+            while True:
+                chunk = self._directory / f"{self._phase}-{server}-{len(self._chunks[server])}"
+                chunk.write_bytes(await self._fetch(server, session))
+                self._chunks[server].append(chunk)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for server, chunks in self._chunks.items():
+            if not chunks:  # a phase shorter than a chunk
+                continue
+            merged = self._directory / f"{self._phase}-{server}.pb.gz"
+            with merged.open("wb") as out:
+                merging = await asyncio.create_subprocess_exec(
+                    "go", "tool", "pprof", "-proto", *map(str, chunks), stdout=out
+                )
+                if await merging.wait():
+                    raise RuntimeError(f"go tool pprof could not merge {chunks}")
+            for chunk in chunks:
+                chunk.unlink()
+
+
+async def backlog_bound(binds: Binds, pid: int, keys: list[str]) -> tuple[float, float]:
+    """Pods bound per second from the first bind to the last of `keys` (pods pending before
+    the scheduler `pid` started), and its CPU seconds per 1,000 pods over that time."""
+    cpu: dict[str, float] = {}
 
     def sample() -> None:  # CPU at the first and the last bind of the backlog
         seen = sum(1 for k in keys if k in binds.at)
         if seen == 1 or seen == len(keys):
-            server = server_cpu_seconds()
-            cpu["first" if seen == 1 else "last"] = (cpu_seconds(pid), server)
+            cpu["first" if seen == 1 else "last"] = cpu_seconds(pid)
 
     binds.on_bind = sample
     try:
@@ -353,8 +504,7 @@ async def backlog_bound(
         binds.on_bind = None
     times = [binds.at[k] for k in keys]
     rate = (len(keys) - 1) / (max(times) - min(times))
-    per_1000 = [(b - a) / (len(keys) - 1) * 1000 for a, b in zip(*cpu.values(), strict=True)]
-    return rate, per_1000[0], per_1000[1]
+    return rate, (cpu["last"] - cpu["first"]) / (len(keys) - 1) * 1000
 
 
 async def measure_gangs(
@@ -372,7 +522,7 @@ async def measure_gangs(
         await create_pods(core, label, names, operator.name, mib=args.gang_mib, gang_size=gang_size)
         pid = operator.start()
         try:
-            rate, cpu, _ = await backlog_bound(binds, pid, label, names)
+            rate, cpu = await backlog_bound(binds, pid, [f"{label}/{n}" for n in names])
         finally:
             operator.stop()
         await empty(core, label)
@@ -494,6 +644,36 @@ class Operator:
         self._process.stop()
 
 
+async def own_identities(
+    plane: ControlPlane, core: client.CoreV1Api, workdir: Path
+) -> tuple[Path, Path]:
+    """Kubeconfigs of each scheduler's own identity, as clusters run them: the operator's
+    ServiceAccount token (the shipped roles, policies and FlowSchema applied, as an admin
+    applies them: its calls in kube-scheduler's API Priority and Fairness level),
+    and kube-scheduler's client certificate for `system:kube-scheduler` (its roles are the
+    apiserver's bootstrap ones; kubeadm's scheduler.conf is such a certificate). The server
+    authenticates and authorizes each scheduler's requests as it would in a cluster: a
+    token from its cache, a certificate verified on every request; RBAC for both."""
+    assert plane.pki is not None
+    await install_roles(plane.binaries.kubectl, plane.kubeconfig)
+    await asyncio.to_thread(
+        subprocess.run,
+        [str(plane.binaries.kubectl), "--kubeconfig", str(plane.kubeconfig), "apply", "-f",
+         str(FLOW_SCHEMA)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    operator = await operator_kubeconfig(core, plane.kubeconfig, workdir / "operator.kubeconfig")
+    cert, key = plane.pki.issue(workdir / "kube-scheduler", "system:kube-scheduler")
+    scheduler = workdir / "kube-scheduler.kubeconfig"
+    plane.write_kubeconfig(
+        scheduler,
+        "system:kube-scheduler",
+        {"client-certificate": str(cert), "client-key": str(key)},
+    )
+    return operator, scheduler
+
+
 def node_name(number: int) -> str:
     return f"node-{number:04d}"
 
@@ -512,8 +692,10 @@ async def create_nodes(core: client.CoreV1Api, nodes: int, cards: int) -> None:
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    plane = ControlPlane(workdir / "plane").start()
-    SERVER_PIDS[:] = [plane.pids()["kube-apiserver"], plane.pids()["etcd"]]
+    plane = ControlPlane(workdir / "plane", profiling=args.profile is not None).start()
+    SERVER_PIDS.update((name, plane.pids()[name]) for name in ("kube-apiserver", "etcd"))
+    assert plane.endpoints is not None
+    ETCD_URL[:] = [plane.endpoints.etcd]
     stand_in: asyncio.subprocess.Process | None = None
     try:
         async with await kube.api_client(plane.kubeconfig) as api:
@@ -523,23 +705,32 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 cast(client.V1Namespace, {"metadata": {"name": "gpushare-system"}})
             )
             await create_nodes(core, args.nodes, args.cards)
+            as_operator, as_kube_scheduler = await own_identities(plane, core, workdir)
             binds = Binds()
-            ready = asyncio.Event()
-            watcher = asyncio.create_task(binds.watch(api, ready))
-            await ready.wait()
+            ready = asyncio.Event(), asyncio.Event()
+            watchers = [
+                asyncio.create_task(binds.watch(api, ready[0])),
+                asyncio.create_task(binds.watch_events(api, ready[1])),
+            ]
+            await asyncio.gather(*(r.wait() for r in ready))
             if args.gang_size:
                 stand_in = await asyncio.create_subprocess_exec(
                     sys.executable, __file__, "--stand-in", str(plane.kubeconfig)
                 )
-                return await measure_gangs(api, binds, workdir, plane.kubeconfig, args)
+                return await measure_gangs(api, binds, workdir, as_operator, args)
             results: dict[str, Any] = {"raw": await measure_raw(api, plane.kubeconfig, args)}
             print(f"raw: {results['raw']}", flush=True)
             stand_in = await asyncio.create_subprocess_exec(
                 sys.executable, __file__, "--stand-in", str(plane.kubeconfig)
             )
-            raised = KubeScheduler(workdir, plane.kubeconfig, KUBE_SCHEDULER_RAISED_QPS)
-            operator = Operator(workdir, plane.kubeconfig)
+            raised = KubeScheduler(workdir, as_kube_scheduler, KUBE_SCHEDULER_RAISED_QPS)
+            operator = Operator(workdir, as_operator)
             rounds: list[dict[str, dict[str, Any]]] = []
+            profiles = (
+                functools.partial(ServerProfiles, api, plane.endpoints.etcd, args.profile)
+                if args.profile and plane.endpoints is not None
+                else None
+            )
             for number in range(args.rounds):
                 # Each goes first in every other round: neither gains from the cluster's drift.
                 pair: list[Scheduler] = (
@@ -549,15 +740,16 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 for scheduler in pair:
                     namespace = f"{scheduler.label}-{number}"
                     measured[scheduler.label] = await measure(
-                        api, binds, scheduler, args, namespace
+                        api, binds, scheduler, args, namespace, profiles=profiles
                     )
                     print(f"round {number}, {scheduler.label}: {measured[scheduler.label]}")
                 rounds.append(measured)
-            default = KubeScheduler(workdir, plane.kubeconfig, None)
+            default = KubeScheduler(workdir, as_kube_scheduler, None)
             results[default.label] = await measure(api, binds, default, args, default.label)
             print(f"{default.label}: {results[default.label]}", flush=True)
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
+            for task in watchers:
+                task.cancel()
+            await asyncio.gather(*watchers, return_exceptions=True)
     finally:
         if stand_in is not None and stand_in.returncode is None:
             stand_in.terminate()
@@ -568,7 +760,10 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "burst_bound_per_s",
         "backlog_cpu_s_per_1000_pods",
         "backlog_server_cpu_s_per_1000_pods",
+        "burst_server_cpu_s_per_1000_pods",
         "server_cpu_s_per_1000_pods",
+        "apiserver_cpu_s_per_1000_pods",
+        "etcd_cpu_s_per_1000_pods",
     )
     per_round = {
         key: [round(r["operator"][key] / r["kube-scheduler-raised"][key], 2) for r in rounds]
@@ -623,6 +818,11 @@ def main() -> int:
     )
     parser.add_argument("--gang-mib", type=int, default=8192, help="each gang member's MiB")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="write the apiserver's and etcd's CPU profile of each round's phases here",
+    )
     parser.add_argument("--raw-bind", type=Path, help=argparse.SUPPRESS)  # a raw-bind process
     parser.add_argument("--part", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--stand-in", type=Path, help=argparse.SUPPRESS)  # the plugins' stand-in
@@ -641,7 +841,9 @@ def main() -> int:
         print(f"  {key:<26} {value}")
     if args.json:
         Path(args.json).write_text(
-            json.dumps({"machine": machine, "args": vars(args), "results": results}, indent=2)
+            json.dumps(
+                {"machine": machine, "args": vars(args), "results": results}, indent=2, default=str
+            )
         )
     return 0
 

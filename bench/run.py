@@ -5,13 +5,15 @@
 Full run (about 30 minutes on 2 cores): placement decisions/s (5,000 nodes x 8 cards);
 packing quality against the L2 bound; the operator against kube-scheduler (its client limit
 raised, and at its default) and the raw Binding rate, on one apiserver per size, at 200,
-1,000 and 5,000 fake nodes x 8 cards;
+1,000 and 5,000 fake nodes x 8 cards, each scheduler on its own identity;
+what each write in which the two schedulers differ costs the apiserver and etcd;
 bursts of pods created at once, packed live against the model placing them one by one;
 gangs of 8 pods (Volcano PodGroups) against single pods, bound per second, on 200 nodes;
 operator start-up rebuild time and memory with 5,000 nodes and 50,000 pods; device-plugin
 Allocate latency with 500 pods on the node and the ListAndWatch message for 8 x 141 GiB; on
 real nodes (the kubelet, containerd, runc; root), the pod's size per device id, the largest
-pod that runs at 1 MiB per device and admission after a kubelet restart with 100 GPU pods.
+pod that runs at 1 MiB per device, admission after a kubelet restart with 100 GPU pods, and
+40-pod bursts with and without GPUs (5 runs each).
 `--quick` runs each at a small size (a minute or two; the real node is left out): CI runs it
 as a smoke test.
 
@@ -46,6 +48,7 @@ FULL: dict[str, list[list[str]]] = {
     ],
     "scale": [["--nodes", "5000", "--pods", "50000"]],
     "plugin": [["--pods", "500"]],
+    "server_cost": [["--writes", "3000", "--rounds", "5"]],
     "burst": [["--nodes", "50", "--pods", "400"]],
     "gangs": [["--gang-size", "8", "--nodes", "200", "--pods", "1600"]],
     "realnode": [["--pods", "100"]],
@@ -56,6 +59,7 @@ QUICK: dict[str, list[list[str]]] = {
     "operator": [["--nodes", "20", "--pods", "100", "--single", "10", "--rounds", "2"]],
     "scale": [["--nodes", "100", "--pods", "1000"]],
     "plugin": [["--pods", "50"]],
+    "server_cost": [["--writes", "200", "--rounds", "1"]],
     "burst": [["--nodes", "10", "--pods", "80"]],
     "gangs": [["--gang-size", "4", "--nodes", "10", "--pods", "40"]],
 }

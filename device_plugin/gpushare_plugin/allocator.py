@@ -101,17 +101,20 @@ class Allocator:
             grants.append(grant)
         return grants
 
-    async def _match_waiting(self, kind: GpuKind, counts: Sequence[int]) -> list[ContainerGrant]:
+    async def _match_waiting(
+        self, kind: GpuKind, counts: Sequence[int]
+    ) -> tuple[list[ContainerGrant], float]:
         """Match, giving the watch up to `wait_s` to deliver a pod the kubelet saw first (half
         way through, the node's pods are listed again); only `BYPASS_WAIT_S` when a pod no
         scheduler placed, of that size, is on the node: the kubelet is most likely starting
-        it, and every pod behind it waits on this lock."""
+        it, and every pod behind it waits on this lock. Also the seconds waited for the
+        watch."""
         started = time.monotonic()
         await asyncio.wait_for(self._pods.synced.wait(), timeout=self._wait_s)
         listed_again = False
         while True:
             try:
-                return self._match(kind, counts)
+                return self._match(kind, counts), time.monotonic() - started
             except Unservable:
                 raise  # its pod is here: no watch event will help
             except NoCandidate:
@@ -138,7 +141,8 @@ class Allocator:
         result = "error"
         try:
             async with self._lock:
-                grants = await self._match_waiting(kind, counts)
+                locked_s = time.perf_counter() - started
+                grants, watch_wait_s = await self._match_waiting(kind, counts)
                 for grant in grants:
                     self._pods.served[grant.pod.uid] = grant.position + 1
                     if grant.pod.uid in self._pods.reopened and grant.last:
@@ -164,6 +168,10 @@ class Allocator:
                     card=",".join(str(c.index) for c in grant.cards),
                     env=grant.env,
                     last=grant.last,
+                    # Where a start's time goes (bench/realnode.py reads these).
+                    allocate_ms=round((time.perf_counter() - started) * 1000, 2),
+                    lock_wait_ms=round(locked_s * 1000, 2),
+                    watch_wait_ms=round(watch_wait_s * 1000, 2),
                 )
             result = "ok"
             return grants
@@ -220,11 +228,22 @@ class Allocator:
     ) -> list[list[str]]:
         """Ids on the card the pod was given; the kubelet's own choice if no pod matches
         (Allocate then refuses with the reason)."""
+        started = time.perf_counter()
         async with self._lock:
+            locked_s = time.perf_counter() - started
             try:
-                grants = await self._match_waiting(kind, [r.size for r in requests])
+                grants, watch_wait_s = await self._match_waiting(kind, [r.size for r in requests])
             except NoCandidate:
                 return [list(r.available[: r.size]) for r in requests]
+        for grant in grants:
+            self._log.info(
+                "devices preferred",
+                pod=str(grant.pod),
+                container=grant.container,
+                preferred_ms=round((time.perf_counter() - started) * 1000, 2),
+                lock_wait_ms=round(locked_s * 1000, 2),
+                watch_wait_ms=round(watch_wait_s * 1000, 2),
+            )
         return [
             preferred_device_ids(grant, kind, r.available, r.must_include, r.size)
             for grant, r in zip(grants, requests, strict=True)

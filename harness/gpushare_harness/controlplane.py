@@ -83,6 +83,10 @@ class Endpoints:
     def server(self) -> str:
         return f"https://{self.address}:{self.apiserver_port}"
 
+    @property
+    def etcd(self) -> str:
+        return f"http://127.0.0.1:{self.etcd_client_port}"
+
 
 class ControlPlane:
     """A running etcd + kube-apiserver (+ kube-controller-manager and kube-scheduler) under
@@ -92,7 +96,9 @@ class ControlPlane:
     ServiceAccount exists); `stop()` ends them all. `kubeconfig` holds an admin
     (system:masters) client certificate. The apiserver's audit log (`audited`) records every
     Binding and eviction it was asked for, and its answer: who bound a pod, and how often,
-    read from the apiserver rather than from the binder's own log.
+    read from the apiserver rather than from the binder's own log. With `profiling`, the
+    apiserver serves /debug/pprof (to the admin) and etcd on its client URL (`endpoints.etcd`), for
+    benchmarks that show where the server's CPU goes.
     """
 
     def __init__(
@@ -104,6 +110,7 @@ class ControlPlane:
         controllers: bool = False,
         address: str = "127.0.0.1",
         node_monitor_grace_s: int = 40,
+        profiling: bool = False,
     ) -> None:
         self.directory = directory
         self.binaries = binaries or ensure_binaries()
@@ -112,6 +119,7 @@ class ControlPlane:
         self.controllers = controllers
         self.address = address
         self.node_monitor_grace_s = node_monitor_grace_s
+        self.profiling = profiling
         self._die_with_parent = die_with_parent
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self._argv: dict[str, list[str]] = {}
@@ -187,7 +195,7 @@ class ControlPlane:
         assert self.pki is not None
         ports = self.endpoints
         etcd_data = self.directory / "etcd"
-        etcd_client = f"http://127.0.0.1:{ports.etcd_client_port}"
+        etcd_client = ports.etcd
         etcd_peer = f"http://127.0.0.1:{ports.etcd_peer_port}"
         self._spawn(
             "etcd",
@@ -201,6 +209,7 @@ class ControlPlane:
                 f"--initial-cluster=default={etcd_peer}",
                 "--unsafe-no-fsync=true",
                 "--log-level=warn",
+                f"--enable-pprof={str(self.profiling).lower()}",
             ],
         )
         pki = self.pki
@@ -237,7 +246,7 @@ class ControlPlane:
                 f"--kubelet-certificate-authority={pki.ca_cert}",
                 # No kube-proxy on the host: dial a Service's endpoints (pods), not its ClusterIP.
                 "--enable-aggregator-routing=true",
-                "--profiling=false",
+                f"--profiling={str(self.profiling).lower()}",
                 f"--audit-policy-file={audit_policy}",
                 f"--audit-log-path={self.audit_log}",
                 "--audit-log-format=json",

@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 import pytest
+import structlog.testing
 import yaml
 from builders import gpu_pod
 from scripted import Answer
@@ -276,3 +277,22 @@ async def test_a_pod_the_quiet_watch_never_shows_is_listed_within_the_grace(
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
     assert apiserver.lists == 2
+
+
+@pytest.mark.asyncio
+async def test_a_start_s_wait_for_the_watch_is_told_in_the_log_with_the_call_s_time(
+    tmp_path: Path,
+) -> None:
+    # bench/realnode.py reads these to say where a GPU pod's start goes: a pod the watch
+    # delivers late shows its wait inside the call's time; one already there waits nothing.
+    allocator, cache, _ = plugin(tmp_path, pod("early", 1, card="0"), wait_s=5)
+    with structlog.testing.capture_logs() as logged:
+        await allocate(allocator)
+        calling = asyncio.create_task(allocate(allocator))
+        await asyncio.sleep(0.2)
+        cache._apply("ADDED", pod("late", 2, card="1"))
+        await calling
+    told = {entry["pod"]: entry for entry in logged if entry["event"] == "container allocated"}
+    assert told["default/early"]["watch_wait_ms"] < 100
+    assert told["default/late"]["watch_wait_ms"] >= 200
+    assert told["default/late"]["allocate_ms"] >= told["default/late"]["watch_wait_ms"]

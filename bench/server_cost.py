@@ -1,0 +1,277 @@
+"""What one scheduler's write costs the apiserver and etcd, variant against variant: the
+writes in which the operator and kube-scheduler differ, each measured alone on one fresh
+control plane. A benchmark, not a test: it prints a table and writes JSON.
+
+    python bench/server_cost.py [--writes 2000] [--rounds 3] [--json out.json]
+
+Each variant sends `--writes` writes, 32 in flight (one connection each, HTTP/1.1, protobuf
+bodies, as the operator sends them), and is charged the apiserver's and etcd's CPU from its
+first write to its last answer; variants take turns over `--rounds` rounds, in a new order
+each round, and each figure is the median over the rounds:
+- Bindings of pending pods, as kube-scheduler sends them (node only) and as the operator does
+  (with Volcano's annotations: gpu-index, predicate-time, gpu-assigned), also with the
+  leader's term and its label (an operator that elects a leader, as installed; no policy
+  judges them here);
+- Scheduled Events named by the sender (kube-scheduler's way) and by the apiserver from a
+  `generateName` (the operator's), both JSON, and the operator's own (protobuf);
+- the operator's Bindings with 512 in flight on as many connections (its default).
+The pods bound are created beforehand and not charged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, cast
+
+import aiohttp
+from kubernetes_asyncio import client
+
+from gpushare import kube
+from gpushare.kube import protobuf
+from gpushare.model import contract
+from gpushare_harness import ControlPlane
+
+IN_FLIGHT = 32
+OPERATOR_IN_FLIGHT = 512
+NODES = 10
+NAMESPACE = "cost"
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def volcano_annotations(number: int) -> dict[str, str]:
+    return {
+        contract.GPU_INDEX: str(number % 8),
+        contract.PREDICATE_TIME: str(time.time_ns()),
+        contract.GPU_ASSIGNED: contract.GPU_ASSIGNED_FALSE,
+    }
+
+
+def scheduled_event(pod: str, uid: str, *, name: str | None) -> dict[str, Any]:
+    """A Scheduled Event as JSON: named `name`, or by the apiserver from a generateName."""
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    naming = {"name": name} if name else {"generateName": f"{pod}."}
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {**naming, "namespace": NAMESPACE},
+        "involvedObject": {"kind": "Pod", "namespace": NAMESPACE, "name": pod, "uid": uid},
+        "reason": "Scheduled",
+        "message": f"Successfully assigned {NAMESPACE}/{pod} to node-0001",
+        "source": {"component": "cost"},
+        "firstTimestamp": at,
+        "lastTimestamp": at,
+        "count": 1,
+        "type": "Normal",
+        "reportingComponent": "cost",
+        "reportingInstance": "cost-1",
+    }
+
+
+Write = Callable[[client.ApiClient, int, dict[str, Any]], Awaitable[bytes]]
+
+
+LEADER_TERM = "gpushare-system/gpushare-operator/gpushare-operator-5d8f7c9b6-x2k4q/3"
+"""A term as an operator that elects writes it (Lease namespace/name/holder/transitions)."""
+
+
+def bind(annotated: bool, *, term: bool = False) -> Write:
+    """Bindings: the node only, with Volcano's annotations, and with the leader's term (its
+    annotation and label, which the apiserver copies onto the pod as well)."""
+
+    async def write(api: client.ApiClient, number: int, pod: dict[str, Any]) -> bytes:
+        meta = pod["metadata"]
+        annotations = volcano_annotations(number) if annotated else {}
+        if term:
+            annotations[contract.LEADER_TERM] = LEADER_TERM
+        body = protobuf.binding(
+            namespace=NAMESPACE,
+            name=meta["name"],
+            uid=meta["uid"],
+            annotations=annotations,
+            labels={contract.FENCED_LABEL: "true"} if term else None,
+            node=f"node-{number % NODES:04d}",
+        )
+        path = f"/api/v1/namespaces/{NAMESPACE}/pods/{meta['name']}/binding"
+        return await kube.post_protobuf(api, path, body, timeout_s=60)
+
+    return write
+
+
+def announce(how: str) -> Write:
+    """Scheduled Events: JSON named by the sender ("named", client-go's recorder: the pod's
+    name, a dot, a hex timestamp), JSON with a generateName ("generated"), or the operator's
+    own protobuf body with a generateName ("operator")."""
+
+    async def write(api: client.ApiClient, number: int, pod: dict[str, Any]) -> bytes:
+        meta = pod["metadata"]
+        path = f"/api/v1/namespaces/{NAMESPACE}/events"
+        if how == "operator":
+            body = protobuf.event(
+                namespace=NAMESPACE,
+                name=meta["name"],
+                uid=meta["uid"],
+                event_type="Normal",
+                reason="Scheduled",
+                message=f"Successfully assigned {NAMESPACE}/{meta['name']} to node-0001",
+                component="cost",
+                instance="cost-1",
+                at_s=int(time.time()),
+            )
+            return await kube.post_protobuf(api, path, body, timeout_s=60)
+        name = f"{meta['name']}.{time.time_ns():x}" if how == "named" else None
+        core = client.CoreV1Api(api)
+        event = scheduled_event(meta["name"], meta["uid"], name=name)
+        created = core.create_namespaced_event(
+            NAMESPACE, cast(client.CoreV1Event, event), _preload_content=False
+        )
+        return json.dumps(await kube.raw_json(created)).encode()
+
+    return write
+
+
+VARIANTS: dict[str, tuple[Write, int]] = {
+    "binding, node only (kube-scheduler)": (bind(annotated=False), IN_FLIGHT),
+    "binding with annotations (operator)": (bind(annotated=True), IN_FLIGHT),
+    "binding with annotations and the leader's term": (bind(annotated=True, term=True), IN_FLIGHT),
+    "event named by the sender, JSON (kube-scheduler's naming)": (announce("named"), IN_FLIGHT),
+    "event with generateName, JSON": (announce("generated"), IN_FLIGHT),
+    "event with generateName, protobuf (operator)": (announce("operator"), IN_FLIGHT),
+    "binding with annotations, 512 in flight": (bind(annotated=True), OPERATOR_IN_FLIGHT),
+}
+
+
+async def pending_pods(api: client.ApiClient, count: int, prefix: str) -> list[dict[str, Any]]:
+    core = client.CoreV1Api(api)
+    limit = asyncio.Semaphore(IN_FLIGHT)
+
+    async def one(number: int) -> dict[str, Any]:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"{prefix}-{number}"},
+            "spec": {
+                "schedulerName": "nobody",
+                "containers": [{"name": "c", "image": "busybox"}],
+            },
+        }
+        async with limit:
+            return await kube.raw_json(
+                core.create_namespaced_pod(
+                    NAMESPACE, cast(client.V1Pod, body), _preload_content=False
+                )
+            )
+
+    return list(await asyncio.gather(*(one(n) for n in range(count))))
+
+
+async def measure(
+    plane: ControlPlane, label: str, round_number: int, writes: int
+) -> dict[str, float]:
+    write, in_flight = VARIANTS[label]
+    pids = [plane.pids()["kube-apiserver"], plane.pids()["etcd"]]
+    assert plane.endpoints is not None
+    etcd_url = plane.endpoints.etcd
+    async with await kube.api_client(plane.kubeconfig, connections=in_flight) as api:
+        pods = await pending_pods(api, writes, f"r{round_number}-{list(VARIANTS).index(label)}")
+        limit = asyncio.Semaphore(in_flight)
+
+        async def one(number: int, pod: dict[str, Any]) -> None:
+            async with limit:
+                await write(api, number, pod)
+
+        calls_before = await etcd_calls(etcd_url)
+        before = [cpu_seconds(p) for p in pids]
+        started = time.monotonic()
+        await asyncio.gather(*(one(n, p) for n, p in enumerate(pods)))
+        took = time.monotonic() - started
+        after = [cpu_seconds(p) for p in pids]
+        calls = await etcd_calls(etcd_url)
+        calls.subtract(calls_before)
+    apiserver, etcd = (b - a for a, b in zip(before, after, strict=True))
+    return {
+        "apiserver_ms_per_write": round(apiserver / writes * 1000, 3),
+        "etcd_ms_per_write": round(etcd / writes * 1000, 3),
+        "writes_per_s": round(writes / took),
+    } | {f"etcd {what} per write": round(n / writes, 2) for what, n in calls.items() if n}
+
+
+async def etcd_calls(url: str) -> Counter[str]:
+    """etcd's calls by gRPC method, the bytes it took in, and its apply durations' count."""
+    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as answer:
+        text = await answer.text()
+    calls: Counter[str] = Counter()
+    for line in text.splitlines():
+        if line.startswith("grpc_server_handled_total{"):
+            method = line.split('grpc_method="')[1].split('"')[0]
+            calls[method] += int(float(line.rsplit(" ", 1)[1]))
+        elif line.startswith("etcd_network_client_grpc_received_bytes_total "):
+            calls["bytes in"] += int(float(line.rsplit(" ", 1)[1]))
+    return calls
+
+
+async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    plane = ControlPlane(workdir / "plane").start()
+    measured: dict[str, list[dict[str, float]]] = {label: [] for label in VARIANTS}
+    try:
+        async with await kube.api_client(plane.kubeconfig) as api:
+            core = client.CoreV1Api(api)
+            await core.create_namespace(cast(client.V1Namespace, {"metadata": {"name": NAMESPACE}}))
+        labels = list(VARIANTS)
+        for number in range(args.rounds):
+            shift = number % len(labels)  # a new order each round: none always goes first
+            for label in labels[shift:] + labels[:shift]:
+                found = await measure(plane, label, number, args.writes)
+                measured[label].append(found)
+                print(f"round {number}, {label}: {found}", flush=True)
+    finally:
+        plane.stop()
+    return {
+        label: {
+            key: round(statistics.median(r.get(key, 0) for r in rounds), 3) for key in rounds[0]
+        }
+        | {"rounds": rounds}
+        for label, rounds in measured.items()
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--writes", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gpushare-cost-") as workdir:
+        results = asyncio.run(run(args, Path(workdir)))
+    machine = f"{platform.machine()}, {platform.python_version()}, 2 cores shared by all"
+    print(f"{args.writes} writes per variant, {args.rounds} rounds; {machine}")
+    for label, found in results.items():
+        shown = {k: v for k, v in found.items() if k != "rounds"}
+        print(f"  {label:<45} {shown}")
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {"machine": machine, "args": vars(args), "results": results}, indent=2, default=str
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
