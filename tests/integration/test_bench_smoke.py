@@ -46,6 +46,15 @@ def test_the_quick_benchmarks_run_and_report(tmp_path: Path, control_plane: Cont
         assert versus[who]["burst_create_to_bound_p99_ms"] < 60_000, who
         assert 0 < versus[who]["backlog_cpu_s_per_1000_pods"] < 100, who
     assert versus["operator"]["single_create_to_bound_p99_ms"] < 5_000
+    for who in ("kube-scheduler-raised", "operator"):  # charged the same work per pod
+        requests = versus[who]["server_requests_per_pod"]
+        assert 1.0 <= requests["PATCH pods"] < 1.1, who
+        assert requests["etcd update pods"] >= 2.0, who
+        for window in ("backlog", "burst"):
+            assert versus[who][f"{window}_server_cpu_s_per_1000_pods"] > 0, who
+    for variant, cost in report["results"]["server_cost"][0]["results"].items():
+        assert cost["apiserver_ms_per_write"] > 0, variant
+        assert cost["etcd Txn per write"] == 1.0, variant  # one stored write each
     for ratios in versus["operator_vs_kube_scheduler_per_round"].values():
         assert len(ratios) == 2  # the quick plan's two rounds
         assert all(r > 0 for r in ratios)
