@@ -31,7 +31,8 @@ create-to-bound p50 and p99), and its resident memory at the end. The apiserver'
 CPU per 1,000 pods is taken over the backlog (from the scheduler's start), over the burst (from
 its first create) and over the whole phase, each until every pod of it is done: bound, marked
 `gpu-assigned` by the stand-in and announced by its Scheduled Event, so that writes a scheduler
-defers count too (the pods' creates and the stand-in's PATCHes are in it for either scheduler).
+defers count too (the stand-in's PATCHes are in it for either scheduler, and the burst's and
+single pods' creates; the backlog is created before its window).
 Times are seen by watches in this process. Each phase reports the requests per pod: the
 apiserver's by verb and resource (a 429 answered and sent again counts twice), its
 authentications, its requests to etcd, and etcd's calls, watch events and bytes;
@@ -55,15 +56,15 @@ import asyncio
 import contextlib
 import functools
 import json
-import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -81,6 +82,7 @@ from gpushare_harness.controlplane import free_port
 from gpushare_harness.crds import install_crds, install_podgroup_crds
 from gpushare_harness.identities import install_roles, operator_kubeconfig
 from gpushare_harness.operator import OperatorProcess
+from gpushare_harness.serverstats import counters, cpu_seconds, rss_mib
 from gpushare_harness.standin import act_as_device_plugins
 from gpushare_operator.kubeapi import KubeSchedulerApi
 
@@ -91,19 +93,6 @@ RAW_PROCESSES = 2
 KUBE_SCHEDULER_RAISED_QPS = 5000
 STAND_IN_IN_FLIGHT = 256
 """The device plugins' PATCHes at once, each on a connection of its own (a kubelet per node)."""
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    return 0.0
 
 
 def pod(name: str, scheduler: str, mib: int = 1024, group: str | None = None) -> dict[str, Any]:
@@ -184,6 +173,8 @@ class Binds:
     announced: dict[str, float] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     on_bind: Callable[[], None] | None = None
+    watches: list[asyncio.Task[None]] = field(default_factory=list)
+    """The two watches: one that ends leaves `wait` nothing to wait for."""
 
     async def watch(self, api: client.ApiClient, ready: asyncio.Event) -> None:
         core = client.CoreV1Api(api)
@@ -229,11 +220,20 @@ class Binds:
         deadline = time.monotonic() + timeout_s
         while not all(self._seen(k, done=done) for k in keys):
             self.changed.clear()
+            for watch_task in self.watches:
+                if watch_task.done():
+                    raise RuntimeError(f"a watch of the benchmark ended: {watch_task!r}")
             left = deadline - time.monotonic()
             if left <= 0:
-                missing = sum(1 for k in keys if not self._seen(k, done=done))
-                what = "bound, assigned and announced" if done else "bound"
-                raise TimeoutError(f"{missing} of {len(keys)} pods not {what} in {timeout_s} s")
+                missing = {
+                    step: sum(1 for k in keys if k not in seen)
+                    for step, seen in (
+                        ("bound", self.at),
+                        ("assigned", self.assigned),
+                        ("announced", self.announced),
+                    )
+                }
+                raise TimeoutError(f"of {len(keys)} pods, after {timeout_s} s, not: {missing}")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), timeout=left)
 
@@ -289,14 +289,15 @@ async def measure(
     args: argparse.Namespace,
     namespace: str,
     *,
+    servers: Servers,
     profiles: Callable[[str], ServerProfiles] | None = None,
 ) -> dict[str, Any]:
     core = client.CoreV1Api(api)
     await core.create_namespace(cast(client.V1Namespace, {"metadata": {"name": namespace}}))
     backlog = [f"backlog-{i}" for i in range(args.pods)]
     await create_pods(core, namespace, backlog, scheduler.name)
-    requests_before = await server_requests(api)
-    server_before = each_server_cpu_seconds()
+    requests_before = await server_requests(api, servers.etcd)
+    server_before = servers.cpu_seconds()
     profile = profiles(namespace) if profiles is not None else None
     if profile is not None:
         profile.start()
@@ -306,11 +307,11 @@ async def measure(
         keys = [f"{namespace}/{n}" for n in backlog]
         backlog_rate, cpu_per_1000 = await backlog_bound(binds, pid, keys)
         await binds.wait(keys, done=True)
-        backlog_server = server_cpu_seconds() - sum(server_before.values())
+        backlog_server = servers.total_cpu_seconds() - sum(server_before.values())
 
         burst = [f"burst-{i}" for i in range(args.pods)]
         keys = [f"{namespace}/{n}" for n in burst]
-        burst_server_before = server_cpu_seconds()
+        burst_server_before = servers.total_cpu_seconds()
         started = time.monotonic()
         created = await create_pods(core, namespace, burst, scheduler.name)
         await binds.wait(keys)
@@ -318,7 +319,7 @@ async def measure(
         burst_rate = len(burst) / (max(bound.values()) - started)
         latencies = [bound[n] - created[n] for n in burst]
         await binds.wait(keys, done=True)
-        burst_server = server_cpu_seconds() - burst_server_before
+        burst_server = servers.total_cpu_seconds() - burst_server_before
 
         single = []
         for number in range(args.single):
@@ -328,8 +329,7 @@ async def measure(
             single.append(binds.at[f"{namespace}/{name}"] - answered)
             await binds.wait([f"{namespace}/{name}"], timeout_s=60, done=True)
         server_phase = {
-            name: seconds - server_before[name]
-            for name, seconds in each_server_cpu_seconds().items()
+            name: seconds - server_before[name] for name, seconds in servers.cpu_seconds().items()
         }
         memory = rss_mib(pid)
     finally:
@@ -337,7 +337,7 @@ async def measure(
         scheduler.stop()
         if profile is not None:
             await profile.stop()
-    requests = await server_requests(api)
+    requests = await server_requests(api, servers.etcd)
     requests.subtract(requests_before)
     await empty(core, namespace)
     return {
@@ -374,7 +374,7 @@ ETCD_COUNTED = {
 """etcd's own counts: its calls by gRPC method, and the bytes it took in and sent out."""
 
 
-async def server_requests(api: client.ApiClient) -> Counter[str]:
+async def server_requests(api: client.ApiClient, etcd: str) -> Counter[str]:
     """The apiserver's requests so far by verb and resource (`apiserver_request_total`), its
     own requests to etcd by operation and resource (`etcd_requests_total`, "etcd ..."), and
     etcd's calls by gRPC method and bytes in and out ("etcd grpc ..."), the benchmark's own
@@ -384,50 +384,37 @@ async def server_requests(api: client.ApiClient) -> Counter[str]:
     )
     counts: Counter[str] = Counter()
     counted = ("apiserver_request_total", "etcd_requests_total", "authentication_attempts")
-    for metric, labels, value in samples((await response.read()).decode(), counted):
+    for metric, labels, value in counters((await response.read()).decode(), counted):
         if metric == "authentication_attempts":
-            counts[f"authenticated {labels.get('result')}"] += value
+            counts[f"authenticated {labels.get('result')}"] += int(value)
         elif metric == "etcd_requests_total":
-            counts[f"etcd {labels.get('operation')} {labels.get('resource')}"] += value
+            counts[f"etcd {labels.get('operation')} {labels.get('resource')}"] += int(value)
         elif metric == "apiserver_request_total":
             what = f"{labels.get('verb')} {labels.get('resource')}"
             if labels.get("subresource"):
                 what += f"/{labels['subresource']}"
-            counts[what] += value
-    async with aiohttp.ClientSession() as session, session.get(ETCD_URL[0] + "/metrics") as got:
-        for metric, labels, value in samples(await got.text(), ETCD_COUNTED):
-            counts[f"etcd grpc {metric} {labels.get(ETCD_COUNTED[metric], '')}".strip()] += value
+            counts[what] += int(value)
+    async with aiohttp.ClientSession() as session, session.get(etcd + "/metrics") as got:
+        got.raise_for_status()
+        for metric, labels, value in counters(await got.text(), ETCD_COUNTED):
+            what = f"etcd grpc {metric} {labels.get(ETCD_COUNTED[metric], '')}".strip()
+            counts[what] += int(value)
     return counts
 
 
-def samples(text: str, wanted: Collection[str]) -> Iterator[tuple[str, dict[str, str], int]]:
-    """Each sample of the `wanted` counters in a Prometheus text exposition: its metric,
-    labels and value."""
-    for line in text.splitlines():
-        metric = line.partition("{")[0].partition(" ")[0]
-        if metric not in wanted:
-            continue
-        rest = line.partition("{")[2]
-        labels = {}
-        if rest:
-            for part in rest[: rest.rindex("}")].split(","):
-                key, _, quoted = part.partition("=")
-                labels[key] = quoted.strip('"')
-        yield metric, labels, int(float(line.rsplit(" ", 1)[1]))
+@dataclass(frozen=True)
+class Servers:
+    """The apiserver and etcd: their CPU per pod is each scheduler's cost on the server."""
 
+    pids: dict[str, int]
+    etcd: str
+    """etcd's client URL (its metrics, its profiles)."""
 
-ETCD_URL: list[str] = []
-"""etcd's client URL, for its metrics."""
-SERVER_PIDS: dict[str, int] = {}
-"""The apiserver's and etcd's: their CPU per pod is each scheduler's cost on the server."""
+    def cpu_seconds(self) -> dict[str, float]:
+        return {name: cpu_seconds(pid) for name, pid in self.pids.items()}
 
-
-def server_cpu_seconds() -> float:
-    return sum(each_server_cpu_seconds().values())
-
-
-def each_server_cpu_seconds() -> dict[str, float]:
-    return {name: cpu_seconds(pid) for name, pid in SERVER_PIDS.items()}
+    def total_cpu_seconds(self) -> float:
+        return sum(self.cpu_seconds().values())
 
 
 PROFILE_CHUNK_S = 5
@@ -460,7 +447,10 @@ class ServerProfiles:
         response = await self._api.call_api(
             query, "GET", _preload_content=False, auth_settings=["BearerToken"]
         )
-        return cast(bytes, await response.read())
+        body = cast(bytes, await response.read())
+        if response.status != 200:
+            raise RuntimeError(f"{server} answered {response.status}: {body[:200]!r}")
+        return body
 
     async def _collect(self, server: str) -> None:
         async with aiohttp.ClientSession() as session:
@@ -470,9 +460,13 @@ class ServerProfiles:
                 self._chunks[server].append(chunk)
 
     async def stop(self) -> None:
+        """End the phase's profiles and merge each; what went wrong is said on stderr, not
+        raised: a profile is an aid, and the phase's own error, if any, is the one to see."""
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for ended in await asyncio.gather(*self._tasks, return_exceptions=True):
+            if not isinstance(ended, asyncio.CancelledError):
+                print(f"{self._phase}: a profile stopped early: {ended!r}", file=sys.stderr)
         for server, chunks in self._chunks.items():
             if not chunks:  # a phase shorter than a chunk
                 continue
@@ -482,7 +476,8 @@ class ServerProfiles:
                     "go", "tool", "pprof", "-proto", *map(str, chunks), stdout=out
                 )
                 if await merging.wait():
-                    raise RuntimeError(f"go tool pprof could not merge {chunks}")
+                    print(f"go tool pprof could not merge {chunks}", file=sys.stderr)
+                    continue
             for chunk in chunks:
                 chunk.unlink()
 
@@ -693,9 +688,10 @@ async def create_nodes(core: client.CoreV1Api, nodes: int, cards: int) -> None:
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     plane = ControlPlane(workdir / "plane", profiling=args.profile is not None).start()
-    SERVER_PIDS.update((name, plane.pids()[name]) for name in ("kube-apiserver", "etcd"))
     assert plane.endpoints is not None
-    ETCD_URL[:] = [plane.endpoints.etcd]
+    servers = Servers(
+        {name: plane.pids()[name] for name in ("kube-apiserver", "etcd")}, plane.endpoints.etcd
+    )
     stand_in: asyncio.subprocess.Process | None = None
     try:
         async with await kube.api_client(plane.kubeconfig) as api:
@@ -708,7 +704,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             as_operator, as_kube_scheduler = await own_identities(plane, core, workdir)
             binds = Binds()
             ready = asyncio.Event(), asyncio.Event()
-            watchers = [
+            binds.watches = watchers = [
                 asyncio.create_task(binds.watch(api, ready[0])),
                 asyncio.create_task(binds.watch_events(api, ready[1])),
             ]
@@ -727,8 +723,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             operator = Operator(workdir, as_operator)
             rounds: list[dict[str, dict[str, Any]]] = []
             profiles = (
-                functools.partial(ServerProfiles, api, plane.endpoints.etcd, args.profile)
-                if args.profile and plane.endpoints is not None
+                functools.partial(ServerProfiles, api, servers.etcd, args.profile)
+                if args.profile
                 else None
             )
             for number in range(args.rounds):
@@ -740,12 +736,14 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 for scheduler in pair:
                     namespace = f"{scheduler.label}-{number}"
                     measured[scheduler.label] = await measure(
-                        api, binds, scheduler, args, namespace, profiles=profiles
+                        api, binds, scheduler, args, namespace, servers=servers, profiles=profiles
                     )
                     print(f"round {number}, {scheduler.label}: {measured[scheduler.label]}")
                 rounds.append(measured)
             default = KubeScheduler(workdir, as_kube_scheduler, None)
-            results[default.label] = await measure(api, binds, default, args, default.label)
+            results[default.label] = await measure(
+                api, binds, default, args, default.label, servers=servers
+            )
             print(f"{default.label}: {results[default.label]}", flush=True)
             for task in watchers:
                 task.cancel()
@@ -827,6 +825,8 @@ def main() -> int:
     parser.add_argument("--part", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--stand-in", type=Path, help=argparse.SUPPRESS)  # the plugins' stand-in
     args = parser.parse_args()
+    if args.profile and shutil.which("go") is None:
+        parser.error("--profile needs go on PATH: `go tool pprof` merges each phase's profiles")
     if args.raw_bind:
         asyncio.run(raw_bind(args.raw_bind, "raw", args.part, RAW_PROCESSES, args.nodes))
         return 0

@@ -285,6 +285,13 @@ def device_path(log: Path, pods: set[str]) -> dict[str, float]:
     }
 
 
+def median_running(runs: list[dict[str, Any]], kind: str) -> float | None:
+    """The median over `runs` of the seconds until all pods of `kind` were Running (None if
+    they never were)."""
+    seconds = [r[kind]["running"] for r in runs if r[kind]["running"] is not None]
+    return statistics.median(seconds) if seconds else None
+
+
 def burst_running(bench: Bench, pods: int = 40, runs: int = 5) -> dict[str, Any]:
     """`runs` times: `pods` without a GPU, then as many of 2048 MiB (in every other run the
     GPU pods first), each burst until all are Running; the medians, and each run."""
@@ -315,12 +322,7 @@ def burst_running(bench: Bench, pods: int = 40, runs: int = 5) -> dict[str, Any]
         "pods": pods,
         "runs": each,
         "gpu_vs_without_gpu_median": round(statistics.median(ratios), 2) if ratios else None,
-        "running_s_median": {
-            kind: statistics.median(
-                r[kind]["running"] for r in each if r[kind]["running"] is not None
-            )
-            for kind, _ in kinds
-        },
+        "running_s_median": {kind: median_running(each, kind) for kind, _ in kinds},
     }
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import platform
 import statistics
 import sys
@@ -41,16 +40,12 @@ from gpushare import kube
 from gpushare.kube import protobuf
 from gpushare.model import contract
 from gpushare_harness import ControlPlane
+from gpushare_harness.serverstats import counters, cpu_seconds
 
 IN_FLIGHT = 32
 OPERATOR_IN_FLIGHT = 512
 NODES = 10
 NAMESPACE = "cost"
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def volcano_annotations(number: int) -> dict[str, str]:
@@ -155,9 +150,13 @@ VARIANTS: dict[str, tuple[Write, int]] = {
 }
 
 
-async def pending_pods(api: client.ApiClient, count: int, prefix: str) -> list[dict[str, Any]]:
+async def pending_pods(
+    api: client.ApiClient, count: int, prefix: str, in_flight: int
+) -> list[dict[str, Any]]:
+    """`count` pods no scheduler takes, created `in_flight` at a time: the variant's
+    connections are opened (TLS handshakes and all) here, before its writes are measured."""
     core = client.CoreV1Api(api)
-    limit = asyncio.Semaphore(IN_FLIGHT)
+    limit = asyncio.Semaphore(in_flight)
 
     async def one(number: int) -> dict[str, Any]:
         body = {
@@ -187,7 +186,8 @@ async def measure(
     assert plane.endpoints is not None
     etcd_url = plane.endpoints.etcd
     async with await kube.api_client(plane.kubeconfig, connections=in_flight) as api:
-        pods = await pending_pods(api, writes, f"r{round_number}-{list(VARIANTS).index(label)}")
+        prefix = f"r{round_number}-{list(VARIANTS).index(label)}"
+        pods = await pending_pods(api, writes, prefix, in_flight)
         limit = asyncio.Semaphore(in_flight)
 
         async def one(number: int, pod: dict[str, Any]) -> None:
@@ -211,16 +211,14 @@ async def measure(
 
 
 async def etcd_calls(url: str) -> Counter[str]:
-    """etcd's calls by gRPC method, the bytes it took in, and its apply durations' count."""
+    """etcd's calls by gRPC method, and the bytes it took in."""
     async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as answer:
+        answer.raise_for_status()
         text = await answer.text()
     calls: Counter[str] = Counter()
-    for line in text.splitlines():
-        if line.startswith("grpc_server_handled_total{"):
-            method = line.split('grpc_method="')[1].split('"')[0]
-            calls[method] += int(float(line.rsplit(" ", 1)[1]))
-        elif line.startswith("etcd_network_client_grpc_received_bytes_total "):
-            calls["bytes in"] += int(float(line.rsplit(" ", 1)[1]))
+    wanted = ("grpc_server_handled_total", "etcd_network_client_grpc_received_bytes_total")
+    for _, labels, value in counters(text, wanted):
+        calls[labels.get("grpc_method", "bytes in")] += int(value)
     return calls
 
 
@@ -242,7 +240,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         plane.stop()
     return {
         label: {
-            key: round(statistics.median(r.get(key, 0) for r in rounds), 3) for key in rounds[0]
+            key: round(statistics.median(r.get(key, 0) for r in rounds), 3)
+            for key in dict.fromkeys(k for r in rounds for k in r)
         }
         | {"rounds": rounds}
         for label, rounds in measured.items()

@@ -54,7 +54,8 @@ def test_the_quick_benchmarks_run_and_report(tmp_path: Path, control_plane: Cont
             assert versus[who][f"{window}_server_cpu_s_per_1000_pods"] > 0, who
     for variant, cost in report["results"]["server_cost"][0]["results"].items():
         assert cost["apiserver_ms_per_write"] > 0, variant
-        assert cost["etcd Txn per write"] == 1.0, variant  # one stored write each
+        # One stored write each (give or take the apiserver's own Lease renewals meanwhile).
+        assert abs(cost["etcd Txn per write"] - 1.0) < 0.05, variant
     for ratios in versus["operator_vs_kube_scheduler_per_round"].values():
         assert len(ratios) == 2  # the quick plan's two rounds
         assert all(r > 0 for r in ratios)

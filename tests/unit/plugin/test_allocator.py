@@ -30,7 +30,7 @@ from gpushare.model.request import GpuKind
 from gpushare.model.usage import PodRef
 from gpushare_plugin import allocator as allocator_module
 from gpushare_plugin._proto.v1beta1 import api_pb2, api_pb2_grpc
-from gpushare_plugin.allocator import Allocator
+from gpushare_plugin.allocator import Allocator, PreferredRequest
 from gpushare_plugin.devices import DeviceTable
 from gpushare_plugin.discovery.fake import FakeDiscovery
 from gpushare_plugin.metrics import PluginMetrics
@@ -280,19 +280,25 @@ async def test_a_pod_the_quiet_watch_never_shows_is_listed_within_the_grace(
 
 
 @pytest.mark.asyncio
-async def test_a_start_s_wait_for_the_watch_is_told_in_the_log_with_the_call_s_time(
+async def test_a_start_s_wait_for_the_watch_is_told_in_the_log_with_each_call_s_time(
     tmp_path: Path,
 ) -> None:
-    # bench/realnode.py reads these to say where a GPU pod's start goes: a pod the watch
-    # delivers late shows its wait inside the call's time; one already there waits nothing.
+    # bench/realnode.py reads these to say where a GPU pod's start goes. The kubelet asks for
+    # preferred ids, then allocates: for a pod the watch delivers late, the first call waits
+    # (and says so), the second finds it at once; a pod already there waits for nothing.
     allocator, cache, _ = plugin(tmp_path, pod("early", 1, card="0"), wait_s=5)
+    asked = [PreferredRequest(available=[], must_include=[], size=UNITS)]
     with structlog.testing.capture_logs() as logged:
         await allocate(allocator)
-        calling = asyncio.create_task(allocate(allocator))
+        preferring = asyncio.create_task(allocator.preferred(GpuKind.MEMORY, asked))
         await asyncio.sleep(0.2)
         cache._apply("ADDED", pod("late", 2, card="1"))
-        await calling
-    told = {entry["pod"]: entry for entry in logged if entry["event"] == "container allocated"}
-    assert told["default/early"]["watch_wait_ms"] < 100
-    assert told["default/late"]["watch_wait_ms"] >= 200
-    assert told["default/late"]["allocate_ms"] >= told["default/late"]["watch_wait_ms"]
+        await preferring
+        await allocate(allocator)
+    preferred = {e["pod"]: e for e in logged if e["event"] == "devices preferred"}
+    allocated = {e["pod"]: e for e in logged if e["event"] == "container allocated"}
+    assert allocated["default/early"]["watch_wait_ms"] < 100
+    assert preferred["default/late"]["watch_wait_ms"] >= 200
+    assert preferred["default/late"]["preferred_ms"] >= preferred["default/late"]["watch_wait_ms"]
+    assert allocated["default/late"]["watch_wait_ms"] < 100
+    assert allocated["default/late"]["allocate_ms"] >= allocated["default/late"]["lock_wait_ms"]
