@@ -77,6 +77,7 @@ from gpushare.model import contract, pod_ref
 from gpushare.model.annotations import gpu_assigned
 from gpushare.model.gangs import VOLCANO_GROUP_ANNOTATIONS, GroupApi
 from gpushare_harness import ControlPlane, FakeGpuNode, create_gpu_node
+from gpushare_harness.benchargs import positive
 from gpushare_harness.binaries import ensure_binaries
 from gpushare_harness.controlplane import free_port
 from gpushare_harness.crds import install_crds, install_podgroup_crds
@@ -177,38 +178,40 @@ class Binds:
     """The two watches: one that ends leaves `wait` nothing to wait for."""
 
     async def watch(self, api: client.ApiClient, ready: asyncio.Event) -> None:
-        core = client.CoreV1Api(api)
-        async with watch.Watch() as stream:
-            ready.set()
-            async for event in stream.stream(
-                core.list_pod_for_all_namespaces, _request_timeout=3600
-            ):
-                obj = event["raw_object"]
-                key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
-                if obj["spec"].get("nodeName") and key not in self.at:
-                    self.at[key] = time.monotonic()
-                    if self.on_bind is not None:
-                        self.on_bind()
-                    self.changed.set()
-                annotations = obj["metadata"].get("annotations") or {}
-                if gpu_assigned(annotations) and key not in self.assigned:
-                    self.assigned[key] = time.monotonic()
-                    self.changed.set()
+        list_call = client.CoreV1Api(api).list_pod_for_all_namespaces
+        await self._follow(list_call, ready, self._pod_seen)
 
     async def watch_events(self, api: client.ApiClient, ready: asyncio.Event) -> None:
         """Scheduled Events, kube-scheduler's (events.k8s.io) and the operator's (core) alike."""
-        core = client.CoreV1Api(api)
+        list_call = client.CoreV1Api(api).list_event_for_all_namespaces
+        await self._follow(list_call, ready, self._event_seen)
+
+    @staticmethod
+    async def _follow(
+        list_call: Callable[..., Any], ready: asyncio.Event, seen: Callable[[dict[str, Any]], None]
+    ) -> None:
         async with watch.Watch() as stream:
             ready.set()
-            async for event in stream.stream(
-                core.list_event_for_all_namespaces, _request_timeout=3600
-            ):
-                obj = event["raw_object"]
-                regarding = obj.get("involvedObject") or {}
-                key = f"{regarding.get('namespace')}/{regarding.get('name')}"
-                if obj.get("reason") == "Scheduled" and key not in self.announced:
-                    self.announced[key] = time.monotonic()
-                    self.changed.set()
+            async for event in stream.stream(list_call, _request_timeout=3600):
+                seen(event["raw_object"])
+
+    def _pod_seen(self, pod: dict[str, Any]) -> None:
+        key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+        if pod["spec"].get("nodeName") and key not in self.at:
+            self.at[key] = time.monotonic()
+            if self.on_bind is not None:
+                self.on_bind()
+            self.changed.set()
+        if gpu_assigned(pod["metadata"].get("annotations") or {}) and key not in self.assigned:
+            self.assigned[key] = time.monotonic()
+            self.changed.set()
+
+    def _event_seen(self, event: dict[str, Any]) -> None:
+        regarding = event.get("involvedObject") or {}
+        key = f"{regarding.get('namespace')}/{regarding.get('name')}"
+        if event.get("reason") == "Scheduled" and key not in self.announced:
+            self.announced[key] = time.monotonic()
+            self.changed.set()
 
     def _seen(self, key: str, *, done: bool) -> bool:
         if not done:
@@ -784,14 +787,6 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 async def stand_in(kubeconfig: Path) -> None:
     async with await kube.api_client(kubeconfig, connections=STAND_IN_IN_FLIGHT) as api:
         await act_as_device_plugins(api, every_bound_pod=True, in_flight=STAND_IN_IN_FLIGHT)
-
-
-def positive(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
-    number = int(text)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{text} is not a whole number of at least 1")
-    return number
 
 
 def main() -> int:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gpushare.model import contract
+from gpushare_harness.benchargs import positive
 from gpushare_harness.crds import install_project_at
 from gpushare_harness.operator import OperatorProcess
 from gpushare_harness.plugin import PluginProcess
@@ -332,7 +333,9 @@ def main() -> int:
     parser.add_argument("--units", default=f"1,64,{contract.DEFAULT_MEMORY_UNIT_MIB}")
     parser.add_argument("--skip-largest", action="store_true")
     parser.add_argument("--burst-only", action="store_true", help="only the burst")
-    parser.add_argument("--runs", type=int, default=5, help="bursts of each kind, taking turns")
+    parser.add_argument(
+        "--runs", type=positive, default=5, help="bursts of each kind, taking turns"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     units = [int(u) for u in args.units.split(",")]

@@ -40,6 +40,7 @@ from gpushare import kube
 from gpushare.kube import protobuf
 from gpushare.model import contract
 from gpushare_harness import ControlPlane
+from gpushare_harness.benchargs import positive
 from gpushare_harness.serverstats import counters, cpu_seconds
 
 IN_FLIGHT = 32
@@ -252,8 +253,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--writes", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--writes", type=positive, default=2000)
+    parser.add_argument("--rounds", type=positive, default=3)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gpushare-cost-") as workdir:

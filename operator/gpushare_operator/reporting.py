@@ -18,11 +18,12 @@ that gets no answer, or a busy answer, is tried again for a few seconds (`retry.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from gpushare import logs
 from gpushare.kube import ApiError
@@ -103,22 +104,36 @@ class Reporter:
         self._last[pod.uid] = message
 
         async def report() -> None:
-            try:
-                await _written(
-                    lambda: self._api.set_unschedulable(
-                        pod,
-                        UNSCHEDULABLE,
-                        message,
-                        resource_version,
-                        transition=not already,
-                        nominated=nominated,
+            version, transition = resource_version, not already
+            for attempt in range(2):
+                try:
+                    await _written(
+                        functools.partial(
+                            self._api.set_unschedulable,
+                            pod,
+                            UNSCHEDULABLE,
+                            message,
+                            version,
+                            transition=transition,
+                            nominated=nominated,
+                        )
                     )
-                )
-            except ApiError as error:
-                if error.status != 409:
-                    raise
-                self._last.pop(pod.uid, None)  # changed meanwhile: its next refusal reports
-                return
+                    break
+                except ApiError as error:
+                    if error.status != 409:
+                        raise
+                # Changed since the decision: most often by this pod's own earlier report,
+                # and the pod is retried only after its backoff. Still unbound, the newer
+                # reason is written over the version read now; bound, nothing is.
+                still_pending = None
+                if attempt == 0:
+                    still_pending = _pending_version(
+                        await _written(functools.partial(self._api.read_pod, pod))
+                    )
+                if still_pending is None:
+                    self._last.pop(pod.uid, None)  # its next refusal reports
+                    return
+                version, transition = still_pending
             await self._failed_scheduling(pod, message)
 
         self._enqueue(pod, report)
@@ -181,6 +196,21 @@ class Reporter:
     def forget(self, uid: PodUid) -> None:
         self._last.pop(uid, None)
         self._failed.pop(uid, None)
+
+
+def _pending_version(pod: Mapping[str, Any] | None) -> tuple[int, bool] | None:
+    """For a pod still unbound: its resourceVersion and whether PodScheduled=False would be
+    new (a transition); None for a pod gone, bound, or of a version that is not a number."""
+    if pod is None or (pod.get("spec") or {}).get("nodeName"):
+        return None
+    version = str((pod.get("metadata") or {}).get("resourceVersion") or "")
+    if not version.isdigit():
+        return None
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    already = any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" for c in conditions
+    )
+    return int(version), not already
 
 
 async def _written(write: Callable[[], Awaitable[_T]]) -> _T:

@@ -22,10 +22,12 @@ POD = PodRef(namespace="team-a", name="train", uid=PodUid("u1"))
 class Api:
     """Records each write; `answers` scripts the errors the next writes get, in order."""
 
-    def __init__(self, *answers: ApiError | None) -> None:
+    def __init__(self, *answers: ApiError | None, pod: dict[str, Any] | None = None) -> None:
         self.answers: Iterator[ApiError | None] = iter(answers)
         self.writes: list[tuple[str, Any]] = []
         self.wrote = asyncio.Event()
+        self.pod = pod
+        """What a read of the pod answers (None: it is gone)."""
 
     def _answer(self, what: str, detail: Any) -> None:
         self.writes.append((what, detail))
@@ -35,9 +37,12 @@ class Api:
             raise error
 
     async def set_unschedulable(
-        self, pod: PodRef, reason: str, message: str, *_: Any, **__: Any
+        self, pod: PodRef, reason: str, message: str, version: int | None, **__: Any
     ) -> None:
-        self._answer("condition", message)
+        self._answer("condition", (message, version))
+
+    async def read_pod(self, pod: PodRef) -> dict[str, Any] | None:
+        return self.pod
 
     async def post_event(self, pod: PodRef, *, event_type: str, reason: str, message: str) -> str:
         self._answer("event", (reason, message))
@@ -70,9 +75,9 @@ async def reported(api: Api, *reports: tuple[str, int, int]) -> list[tuple[str, 
 async def test_a_changed_diagnosis_raises_the_count_of_the_one_event() -> None:
     writes = await reported(Api(), ("no room", 1, 2), ("still no room", 2, 4))
     assert writes == [
-        ("condition", "no room"),
+        ("condition", ("no room", 1)),
         ("event", (FAILED_SCHEDULING, "no room")),
-        ("condition", "still no room"),
+        ("condition", ("still no room", 2)),
         ("repeat", ("train.1", "still no room", 2)),
     ]
 
@@ -86,13 +91,51 @@ async def test_an_event_gone_from_the_apiserver_is_posted_again() -> None:
     ]
 
 
-async def test_a_pod_that_changed_since_the_decision_is_not_called_unschedulable() -> None:
-    # 409: bound meanwhile. No Event; the same message, on a later refusal, is reported.
-    changed = ApiError(409, "the object has been modified")
-    writes = await reported(Api(changed), ("no room", 1, 1), ("no room", 3, 3))
+CHANGED = ApiError(409, "the object has been modified")
+
+
+def read(*, node: str | None, version: str = "7") -> dict[str, Any]:
+    """The pod as a read answers it: bound to `node`, or pending (not yet marked)."""
+    return {"metadata": {"resourceVersion": version}, "spec": {"nodeName": node}, "status": {}}
+
+
+async def test_a_pod_bound_since_the_decision_is_not_called_unschedulable() -> None:
+    # 409, and the pod is bound now: no write, no Event; the same message, on a later
+    # refusal of a pod pending again, is reported.
+    writes = await reported(Api(CHANGED, pod=read(node="n")), ("no room", 1, 1), ("no room", 3, 3))
     assert writes == [
-        ("condition", "no room"),
-        ("condition", "no room"),
+        ("condition", ("no room", 1)),
+        ("condition", ("no room", 3)),
+        ("event", (FAILED_SCHEDULING, "no room")),
+    ]
+
+
+async def test_a_newer_reason_is_written_over_the_pods_own_earlier_report() -> None:
+    # The first report changed the pod, so the second decision's version is stale (409).
+    # The pod is still pending: the newer reason is written at once at its version now,
+    # not when its backoff next has it refused.
+    api = Api(None, None, CHANGED, pod=read(node=None, version="7"))
+    writes = await reported(api, ("1 of 2 pods exist", 1, 2), ("cannot be placed together", 1, 5))
+    assert writes[2:] == [
+        ("condition", ("cannot be placed together", 1)),
+        ("condition", ("cannot be placed together", 7)),
+        ("repeat", ("train.1", "cannot be placed together", 2)),
+    ]
+
+
+async def test_a_pod_gone_or_changed_twice_is_left_to_its_next_refusal() -> None:
+    gone = await reported(Api(CHANGED, pod=None), ("no room", 1, 1), ("no room", 2, 3))
+    assert gone == [
+        ("condition", ("no room", 1)),
+        ("condition", ("no room", 2)),  # not remembered as said: its next refusal reports
+        ("event", (FAILED_SCHEDULING, "no room")),
+    ]
+    twice = Api(CHANGED, CHANGED, pod=read(node=None, version="7"))
+    writes = await reported(twice, ("no room", 1, 2), ("no room", 8, 4))
+    assert writes == [
+        ("condition", ("no room", 1)),
+        ("condition", ("no room", 7)),
+        ("condition", ("no room", 8)),
         ("event", (FAILED_SCHEDULING, "no room")),
     ]
 
@@ -102,9 +145,9 @@ async def test_a_busy_apiserver_is_waited_for_and_a_refusal_reported_again_later
     refused = ApiError(403, 'events is forbidden: User "system:serviceaccount:x" cannot create')
     writes = await reported(Api(busy, None, refused), ("no room", 1, 3), ("no room", 2, 5))
     assert writes == [
-        ("condition", "no room"),  # 429: tried again
-        ("condition", "no room"),
+        ("condition", ("no room", 1)),  # 429: tried again
+        ("condition", ("no room", 1)),
         ("event", (FAILED_SCHEDULING, "no room")),  # 403: logged; not remembered as said
-        ("condition", "no room"),
+        ("condition", ("no room", 2)),
         ("event", (FAILED_SCHEDULING, "no room")),
     ]

@@ -1,0 +1,17 @@
+"""Argument types the benchmarks share: bad input gets argparse's clear error, not a crash
+minutes into a run."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def positive(text: str) -> int:
+    """A whole number of at least 1."""
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a whole number of at least 1")
+    return number
