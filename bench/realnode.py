@@ -250,15 +250,18 @@ def restart_admission(bench: Bench, unit: int, pods: int) -> dict[str, Any]:
     }
 
 
-def device_path(log: Path, pods: set[str]) -> dict[str, float]:
+def device_path(log: Path, pods: set[str]) -> dict[str, float | None]:
     """What the device plugin spent on `pods` (namespace/name), from its log: the kubelet
     asks GetPreferredAllocation, then Allocate, one container after another as it admits
     pods; each answer's milliseconds, and within them the wait for the plugin's lock and for
-    its watch to deliver the pod."""
+    its watch to deliver the pod; and how many grants the kubelet's pod-resources records
+    then showed on a pod, how long after the answer (that pod is marked gpu-assigned at
+    once, not after its status)."""
     preferred: list[float] = []
     allocate: list[float] = []
     lock_wait: list[float] = []
     watch_wait: list[float] = []
+    holders: list[float] = []
     for line in log.read_text().splitlines():
         try:
             entry = json.loads(line)
@@ -268,6 +271,9 @@ def device_path(log: Path, pods: set[str]) -> dict[str, float]:
             continue
         if entry.get("event") == "devices preferred":
             preferred.append(entry["preferred_ms"])
+        elif entry.get("event") == "grant_holder_seen":
+            holders.append(entry["after_ms"])
+            continue
         elif entry.get("event") == "container allocated":
             allocate.append(entry["allocate_ms"])
         else:
@@ -283,6 +289,8 @@ def device_path(log: Path, pods: set[str]) -> dict[str, float]:
         "call_ms_max": round(calls[-1], 2) if calls else 0.0,
         "lock_wait_ms_total": round(sum(lock_wait), 1),
         "watch_wait_ms_total": round(sum(watch_wait), 1),
+        "grants_seen_in_kubelet_records": len(holders),
+        "seen_after_ms_p50": round(statistics.median(holders), 2) if holders else None,
     }
 
 

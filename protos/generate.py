@@ -1,4 +1,4 @@
-"""Generate the Python stubs of the vendored kubelet device-plugin API.
+"""Generate the Python stubs of the vendored kubelet APIs (device plugin, pod resources).
 
 The stubs are committed (device_plugin/gpushare_plugin/_proto/) so that an installed wheel
 needs no compiler; tests/unit/plugin/test_protos.py regenerates them into a temporary folder
@@ -21,25 +21,30 @@ PROTOS = Path(__file__).resolve().parent
 DEFAULT_OUT = PROTOS.parent / "device_plugin"
 PACKAGE_PATH = "gpushare_plugin/_proto"
 GENERATED = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")
+APIS = ("v1beta1", "podresources_v1")
+"""Folders under protos/, each with one vendored `api.proto`."""
 
 
 def generate(out: Path) -> list[Path]:
-    """Write the stubs under `out`/gpushare_plugin/_proto/v1beta1; returns their paths."""
-    target = out / PACKAGE_PATH / "v1beta1"
-    target.mkdir(parents=True, exist_ok=True)
-    status = protoc.main(
-        [
-            "grpc_tools.protoc",
-            f"-I{PACKAGE_PATH}={PROTOS}",
-            f"--python_out={out}",
-            f"--pyi_out={out}",
-            f"--grpc_python_out={out}",
-            f"{PACKAGE_PATH}/v1beta1/api.proto",
-        ]
-    )
-    if status != 0:
-        raise SystemExit(f"protoc failed with status {status}")
-    return [target / name for name in GENERATED]
+    """Write the stubs under `out`/gpushare_plugin/_proto/<api>; returns their paths."""
+    written = []
+    for api in APIS:
+        target = out / PACKAGE_PATH / api
+        target.mkdir(parents=True, exist_ok=True)
+        status = protoc.main(
+            [
+                "grpc_tools.protoc",
+                f"-I{PACKAGE_PATH}={PROTOS}",
+                f"--python_out={out}",
+                f"--pyi_out={out}",
+                f"--grpc_python_out={out}",
+                f"{PACKAGE_PATH}/{api}/api.proto",
+            ]
+        )
+        if status != 0:
+            raise SystemExit(f"protoc failed on {api} with status {status}")
+        written += [target / name for name in GENERATED]
+    return written
 
 
 def main() -> None:

@@ -3,11 +3,12 @@
 The decision (which pod, which container, which card, which env) is
 `gpushare.model.allocation.match_container`. Here: wait for the watch cache when the pod is
 not in it yet, and record the containers served. Allocate writes nothing: `gpu-assigned` is
-set once the kubelet is seen to have admitted the pod (`mark_started`), since only then is it
-known which pod a grant went to (the call names device ids, not the pod). Until then the
-operator keeps pods of the same request on the pod's card (the exactness rule), so whichever
-of them the kubelet starts with a grant, the grant names its card; and a start never waits on
-the apiserver.
+set once it is known which pod took a grant (the call names device ids, not the pod): at
+once when the kubelet's pod-resources records, asked after the answer (`PodResources`), show
+the ids on a pod; else when the pod's status shows the kubelet admitted it (`mark_started`
+writes it either way). Until then the operator keeps pods of the same request on the pod's
+card (the exactness rule), so whichever of them the kubelet starts with a grant, the grant
+names its card; and a start never waits on the apiserver or on the records.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from gpushare_plugin.devices import DeviceTable
 from gpushare_plugin.kubeapi import PluginApi
 from gpushare_plugin.metrics import PluginMetrics
 from gpushare_plugin.podcache import PodCache
+from gpushare_plugin.podresources import PodResources
 
 MARK_AGAIN_S = 2.0
 """The wait before a gpu-assigned write the apiserver did not take is tried again."""
@@ -66,6 +68,7 @@ class Allocator:
         limits: LimitSettings | None,
         wait_s: float,
         schedulers: frozenset[str],
+        kubelet_records: PodResources | None = None,
     ) -> None:
         self._table = table
         self._pods = pods
@@ -77,6 +80,8 @@ class Allocator:
         """What this plugin gave each container it served: its own record of the grants."""
         self._wait_s = wait_s
         self._schedulers = schedulers
+        self._kubelet_records = kubelet_records
+        self._holders_sought: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()  # one decision at a time: `served` is read, then written
         self._log = logs.get("allocate", node=table.node)
 
@@ -136,7 +141,12 @@ class Allocator:
                 until = wait_s if unplaced or listed_again else wait_s / 2
                 await self._pods.wait_change(until - waited)
 
-    async def allocate(self, kind: GpuKind, counts: Sequence[int]) -> list[ContainerGrant]:
+    async def allocate(
+        self, kind: GpuKind, requests: Sequence[Sequence[str]]
+    ) -> list[ContainerGrant]:
+        """Grants for one call's container requests (the device ids the kubelet chose for
+        each); only the number of ids decides."""
+        counts = [len(ids) for ids in requests]
         started = time.perf_counter()
         result = "error"
         try:
@@ -173,6 +183,10 @@ class Allocator:
                     lock_wait_ms=round(locked_s * 1000, 2),
                     watch_wait_ms=round(watch_wait_s * 1000, 2),
                 )
+            if self._kubelet_records is not None and grants[-1].last:
+                seeking = asyncio.create_task(self._seek_holder(kind, grants[-1], requests[-1]))
+                self._holders_sought.add(seeking)
+                seeking.add_done_callback(self._holders_sought.discard)
             result = "ok"
             return grants
         except NoCandidate as refusal:
@@ -189,6 +203,41 @@ class Allocator:
             self._metrics.allocations.labels(kind.value, result).inc()
             self._metrics.allocate_latency.labels(kind.value).observe(time.perf_counter() - started)
 
+    async def _seek_holder(self, kind: GpuKind, grant: ContainerGrant, ids: Sequence[str]) -> None:
+        """After the answer: which pod the kubelet's records show holding `ids`, the last
+        container's grant served as `grant.pod`'s. That pod took the grant (the record
+        follows it if the guess was another), and is marked gpu-assigned now."""
+        assert self._kubelet_records is not None  # only sought with records to ask
+        answered = time.perf_counter()
+        served_as = self._pods.get(grant.pod.uid)
+        others = sorted(
+            (
+                p
+                for p in self._pods.pods()
+                if p.ref.uid != grant.pod.uid
+                and p.active
+                and not p.admitted
+                and p.request is not None
+                and p.request.kind is kind
+                and any(c.amount == len(ids) for c in p.request.containers)
+            ),
+            key=lambda p: (p.predicate_time is None, p.predicate_time or 0),
+        )
+        asked = [served_as, *others] if served_as is not None else others
+        found = await self._kubelet_records.holder(kind.value, ids, asked)
+        holder = None if found is None else self._pods.get(found)
+        if holder is None or not holder.active:
+            return  # its status will say (or it is gone)
+        if found != grant.pod.uid:
+            self._pods.took_grant(holder, served_as=grant.pod.uid)
+        self._log.info(
+            "grant_holder_seen",
+            pod=str(holder.ref),
+            served_as=str(grant.pod),
+            after_ms=round((time.perf_counter() - answered) * 1000, 2),
+        )
+        self._pods.to_mark.put_nowait(holder)
+
     async def mark_started(self, workers: int = 4) -> None:
         """Mark `gpu-assigned` on each pod the kubelet admitted (`PodCache.to_mark`), so the
         operator stops keeping its request on its card; for ever. A write that got no answer,
@@ -202,14 +251,17 @@ class Allocator:
             while True:
                 pod = await self._pods.to_mark.get()
                 now = self._pods.get(pod.ref.uid)
-                if now is None or not now.active or now.assigned:
-                    continue  # gone, finished, or marked meanwhile
+                marked = self._pods.marked
+                if now is None or not now.active or now.assigned or pod.ref.uid in marked:
+                    continue  # gone, finished, or marked meanwhile (its records, its status)
+                marked.add(pod.ref.uid)
                 try:
                     # Its uid the precondition, not its resourceVersion: the kubelet is
                     # writing its status meanwhile, and the one annotation changes nothing else.
                     await retry(functools.partial(self._api.mark_assigned, pod.ref), WRITE)
                     self._log.info("pod_marked_assigned", pod=str(pod.ref))
                 except (ApiError, OSError, TimeoutError) as error:
+                    marked.discard(pod.ref.uid)
                     again = transient(error) or (
                         isinstance(error, ApiError) and error.status == FORBIDDEN
                     )

@@ -26,6 +26,7 @@ from gpushare.options import Option
 from gpushare_plugin.health import HealthPolicy
 
 DEFAULT_SOCKET_DIR = Path("/var/lib/kubelet/device-plugins")
+DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 AUTO = "auto"
 _SOCKET_PATH_MAX = 107  # sun_path is 108 bytes with the terminating NUL
 
@@ -61,6 +62,8 @@ class PluginConfig:
     """How often the processes on the cards are measured and mapped to containers."""
     proc_root: Path = Path("/proc")
     """Where the processes of the node are seen (the DaemonSet runs with hostPID)."""
+    pod_resources_socket: Path | None = DEFAULT_POD_RESOURCES_SOCKET
+    """The kubelet's pod-resources API, asked which pod took a grant; None: not asked."""
 
     @property
     def limits(self) -> LimitSettings | None:
@@ -259,6 +262,15 @@ OPTIONS = (
         flag="--proc-root",
         parse=Path,
         help="where the node's processes are seen (the host's /proc: the DaemonSet has hostPID)",
+    ),
+    Option(
+        field="pod_resources_socket",
+        env="GPUSHARE_POD_RESOURCES_SOCKET",
+        flag="--pod-resources-socket",
+        parse=_path_or_none,
+        help="the kubelet's pod-resources socket, asked which pod took a grant (it is marked "
+        "gpu-assigned at once); empty: not asked, a pod is marked once its status shows it "
+        "admitted",
     ),
     Option(
         field="log_level",

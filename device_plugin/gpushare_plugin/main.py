@@ -33,6 +33,7 @@ from gpushare_plugin.kubeapi import PluginApi
 from gpushare_plugin.lifecycle import Supervisor
 from gpushare_plugin.metrics import PluginMetrics
 from gpushare_plugin.podcache import PodCache
+from gpushare_plugin.podresources import PodResources
 from gpushare_plugin.server import DevicePluginServicer
 from gpushare_plugin.usage import UsageMeter
 
@@ -96,6 +97,11 @@ async def run(config: PluginConfig, stop: asyncio.Event) -> int:
                 if await pause(delay, stop):
                     return 0
             pods = PodCache(api, config.node_name)
+            kubelet_records = (
+                None
+                if config.pod_resources_socket is None
+                else PodResources(config.pod_resources_socket, config.node_name)
+            )
             allocator = Allocator(
                 table=table,
                 pods=pods,
@@ -105,6 +111,7 @@ async def run(config: PluginConfig, stop: asyncio.Event) -> int:
                 limits=config.limits,
                 wait_s=config.allocate_wait_s,
                 schedulers=config.scheduler_names,
+                kubelet_records=kubelet_records,
             )
             servicers = [
                 DevicePluginServicer(kind=kind, table=table, allocator=allocator, metrics=metrics)
@@ -123,21 +130,25 @@ async def run(config: PluginConfig, stop: asyncio.Event) -> int:
             )
             health = CardHealth(policy=config.health, uuids=tuple(c.uuid for c in cards))
             supervisor = Supervisor(socket_dir=config.socket_dir, servicers=servicers)
-            return await _run_until_stopped(
-                stop,
-                serving=supervisor.run(stop),
-                watching=pods.run(),
-                marking=allocator.mark_started(),
-                heartbeat=keep_beating(publisher, config.heartbeat_s),
-                usage=meter.run(config.usage_interval_s),
-                health=watch_health(
-                    discovery=discovery,
-                    health=health,
-                    table=table,
-                    publisher=publisher,
-                    metrics=metrics,
-                ),
-            )
+            try:
+                return await _run_until_stopped(
+                    stop,
+                    serving=supervisor.run(stop),
+                    watching=pods.run(),
+                    marking=allocator.mark_started(),
+                    heartbeat=keep_beating(publisher, config.heartbeat_s),
+                    usage=meter.run(config.usage_interval_s),
+                    health=watch_health(
+                        discovery=discovery,
+                        health=health,
+                        table=table,
+                        publisher=publisher,
+                        metrics=metrics,
+                    ),
+                )
+            finally:
+                if kubelet_records is not None:
+                    await kubelet_records.close()
     finally:
         await asyncio.to_thread(discovery.close)
 

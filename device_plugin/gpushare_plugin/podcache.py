@@ -30,6 +30,8 @@ class PodCache:
         """Pods served whose grant the kubelet gave another (`swapped_with`): to serve again."""
         self.to_mark: asyncio.Queue[BoundPod] = asyncio.Queue()
         """Pods the kubelet admitted, to mark gpu-assigned (the allocator does)."""
+        self.marked: set[PodUid] = set()
+        """Pods marked gpu-assigned by this plugin, or being marked: not written twice."""
         self._before_start: set[str] | None = None
         """The pods of the first LIST: another instance of the plugin may have served them."""
         self._reflector = Reflector(
@@ -88,6 +90,7 @@ class PodCache:
         for uid in set(self._pods) - uids:
             self._pods.pop(uid)
             self.served.pop(uid, None)
+            self.marked.discard(uid)
         self._notify()
         self._log.info("pods on node listed", pods=len(self._pods))
 
@@ -96,6 +99,7 @@ class PodCache:
         if event_type == DELETED:
             self._pods.pop(uid, None)
             self.served.pop(uid, None)
+            self.marked.discard(uid)
             if uid in self.reopened:
                 self.served_again(uid)
         else:
@@ -120,19 +124,27 @@ class PodCache:
             self.to_mark.put_nowait(pod)  # a GPU pod started: it holds a grant now
         if not reopened and (uid in self.served or uid in (self._before_start or ())):
             return
-        partner = swapped_with(pod, self._pods.values(), self.served)
-        if reopened:
+        self.took_grant(pod, served_as=swapped_with(pod, self._pods.values(), self.served))
+
+    def took_grant(self, holder: BoundPod, *, served_as: PodUid | None) -> None:
+        """The kubelet started `holder` with the grant this plugin served as `served_as`'s
+        (the kubelet's records say so, or `swapped_with` infers it from the holder's status;
+        None: its own, or none known): the record follows the grant, and that other pod is
+        served again when the kubelet starts it."""
+        uid = holder.ref.uid
+        if uid in self.reopened:
             self.served_again(uid)  # whoever took its own grant is served for good
-        if pod.request is not None:
-            self.served[uid] = len(pod.request.containers)
-        if partner is None:
+        if holder.request is not None:
+            self.served[uid] = len(holder.request.containers)
+        if served_as is None or served_as == uid:
             return
-        self.served.pop(partner, None)
-        self.reopened.add(partner)
+        self.served.pop(served_as, None)
+        self.reopened.add(served_as)
+        other = self._pods.get(served_as)
         self._log.info(
             "grant_taken_over",
-            pod=str(pod.ref),
-            served_as=str(self._pods[partner].ref),
+            pod=str(holder.ref),
+            served_as=str(other.ref) if other else served_as,
             note="the kubelet started it with the grant given under the other's name; that pod "
             "is served again when the kubelet starts it",
         )

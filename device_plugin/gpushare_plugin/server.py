@@ -102,9 +102,10 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     async def Allocate(
         self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext[object, object]
     ) -> api_pb2.AllocateResponse:
-        counts = [len(r.devices_ids) for r in request.container_requests]
         try:
-            grants = await self._allocator.allocate(self.kind, counts)
+            grants = await self._allocator.allocate(
+                self.kind, [list(r.devices_ids) for r in request.container_requests]
+            )
         except (NoCandidate, TimeoutError) as refusal:
             message = str(refusal) or "the pod watch has not synced yet; the kubelet will retry"
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, message)

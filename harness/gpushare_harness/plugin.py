@@ -39,6 +39,11 @@ class PluginProcess(LoggedProcess):
             "NODE_NAME": self.node,
             "KUBECONFIG": str(self.kubeconfig),
             "GPUSHARE_SOCKET_DIR": str(self.socket_dir),
+            # Where the kubelet whose device-plugins folder this is keeps its pod-resources
+            # socket (absent beside a stand-in kubelet: the plugin then goes without).
+            "GPUSHARE_POD_RESOURCES_SOCKET": str(
+                self.socket_dir.parent / "pod-resources" / "kubelet.sock"
+            ),
             "GPUSHARE_FAKE_GPUS": self.fake_gpus,
             "GPUSHARE_METRICS_PORT": "0",
             "PYTHONUNBUFFERED": "1",

@@ -92,6 +92,10 @@ WRITE = RetryPolicy("write", Backoff(0.5, 4.0), attempts=5)
 report (the device plugin queues a `gpu-assigned` again after it)."""
 READ = RetryPolicy("read", Backoff(0.25, 2.0), attempts=8)
 """About 10 s: an apiserver starting or overloaded."""
+KUBELET_RECORDS = RetryPolicy("kubelet-records", Backoff(0.005, 0.16), attempts=7)
+"""Asking the kubelet's pod-resources records which pod took a grant: it records the ids as
+soon as Allocate's answer reaches it, and answers 100 calls a second, 10 at once (a call's
+turn comes back every 10 ms); about 0.3 s of tries, then the pod's status says."""
 PUBLISH = RetryPolicy("publish", Backoff(0.5, 5.0))
 REGISTER = RetryPolicy("register", Backoff(1.0, 30.0))
 WATCH = RetryPolicy("watch", Backoff(0.5, 30.0))

@@ -1,5 +1,7 @@
 """Allocate's record of what it served and the gpu-assigned marks, with the kubelet starting
-pods in its own order: every container is started with its own pod's card.
+pods in its own order: every container is started with its own pod's card; the kubelet's
+pod-resources records, when they name the pod being admitted, serve it under its own name and
+mark it at once.
 
 The kubelet's Allocate names device ids, not the pod; two pods of one request on one card get
 the same grant, so the plugin may serve one under the other's name and must then follow the
@@ -10,11 +12,13 @@ and the kubelet's calls over the plugin's socket."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+import pytest_asyncio
 import structlog.testing
 import yaml
 from builders import gpu_pod
@@ -29,12 +33,16 @@ from gpushare.model.device_list import DeviceListing
 from gpushare.model.request import GpuKind
 from gpushare.model.usage import PodRef
 from gpushare_plugin import allocator as allocator_module
+from gpushare_plugin import podresources as podresources_module
+from gpushare_plugin._proto.podresources_v1 import api_pb2 as records_pb2
+from gpushare_plugin._proto.podresources_v1 import api_pb2_grpc as records_grpc
 from gpushare_plugin._proto.v1beta1 import api_pb2, api_pb2_grpc
 from gpushare_plugin.allocator import Allocator, PreferredRequest
 from gpushare_plugin.devices import DeviceTable
 from gpushare_plugin.discovery.fake import FakeDiscovery
 from gpushare_plugin.metrics import PluginMetrics
 from gpushare_plugin.podcache import PodCache
+from gpushare_plugin.podresources import PodResources
 from gpushare_plugin.server import DevicePluginServicer
 
 UNITS = 16
@@ -119,9 +127,9 @@ def plugin(
     return allocator, cache, api
 
 
-async def allocate(allocator: Allocator) -> tuple[str, str]:
-    """One call of the kubelet: (pod served, card told)."""
-    (grant,) = await allocator.allocate(GpuKind.MEMORY, [UNITS])
+async def allocate(allocator: Allocator, ids: list[str] | None = None) -> tuple[str, str]:
+    """One call of the kubelet with `ids` (UNITS of them): (pod served, card told)."""
+    (grant,) = await allocator.allocate(GpuKind.MEMORY, [ids or [f"0-{i}" for i in range(UNITS)]])
     return grant.pod.name, grant.env["NVIDIA_VISIBLE_DEVICES"]
 
 
@@ -302,3 +310,220 @@ async def test_a_start_s_wait_for_the_watch_is_told_in_the_log_with_each_call_s_
     assert preferred["default/late"]["preferred_ms"] >= preferred["default/late"]["watch_wait_ms"]
     assert allocated["default/late"]["watch_wait_ms"] < 100
     assert allocated["default/late"]["allocate_ms"] >= allocated["default/late"]["lock_wait_ms"]
+
+
+class Kubelet(records_grpc.PodResourcesListerServicer):
+    """The kubelet's pod-resources `Get`, as 1.36 answers it: `known` maps the pods it knows to
+    the ids their container holds (empty: admitted, none recorded yet); an unknown pod is an
+    error naming it. `broken`: every call fails with this code."""
+
+    def __init__(self) -> None:
+        self.known: dict[str, list[str]] = {}
+        self.broken: grpc.StatusCode | None = None
+        self.asked: list[str] = []
+
+    async def Get(  # the gRPC method's name
+        self,
+        request: records_pb2.GetPodResourcesRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> records_pb2.GetPodResourcesResponse:
+        self.asked.append(request.pod_name)
+        if self.broken is not None:
+            await context.abort(self.broken, "scripted")
+        if request.pod_name not in self.known:
+            await context.abort(
+                grpc.StatusCode.UNKNOWN,
+                f"pod {request.pod_name} in namespace {request.pod_namespace} not found",
+            )
+        ids = self.known[request.pod_name]
+        devices = [records_pb2.ContainerDevices(resource_name=contract.GPU_MEMORY, device_ids=ids)]
+        return records_pb2.GetPodResourcesResponse(
+            pod_resources=records_pb2.PodResources(
+                name=request.pod_name,
+                namespace=request.pod_namespace,
+                containers=[
+                    records_pb2.ContainerResources(
+                        name="cuda-container", devices=devices if ids else []
+                    )
+                ],
+            )
+        )
+
+
+@pytest_asyncio.fixture
+async def kubelet(tmp_path: Path) -> AsyncIterator[tuple[Kubelet, Path]]:
+    scripted = Kubelet()
+    server = grpc.aio.server()
+    records_grpc.add_PodResourcesListerServicer_to_server(scripted, server)  # type: ignore[no-untyped-call]
+    socket = tmp_path / "kubelet.sock"
+    server.add_insecure_port(f"unix://{socket}")
+    await server.start()
+    try:
+        yield scripted, socket
+    finally:
+        await server.stop(None)
+
+
+def with_records(allocator: Allocator, socket: Path) -> PodResources:
+    records = PodResources(socket, "n")
+    allocator._kubelet_records = records
+    return records
+
+
+async def sought(allocator: Allocator) -> None:
+    """Until every lookup of a grant's holder in the kubelet's records has ended."""
+    await asyncio.gather(*allocator._holders_sought)
+
+
+GRANT = [f"0-{i}" for i in range(UNITS)]
+
+
+@pytest.mark.asyncio
+async def test_the_pod_the_kubelet_records_with_the_grant_is_marked_at_once(
+    tmp_path: Path, kubelet: tuple[Kubelet, Path]
+) -> None:
+    scripted, socket = kubelet
+    allocator, _, api = plugin(tmp_path, pod("a", 1, card="0"), pod("b", 2, card="0"))
+    records = with_records(allocator, socket)
+    scripted.known = {"a": GRANT}
+    with structlog.testing.capture_logs() as logged:
+        assert await allocate(allocator, GRANT) == ("a", "0")
+        await sought(allocator)
+    assert await marked(allocator, api, 1) == ["a"]  # before its status shows it admitted
+    seen = next(e for e in logged if e["event"] == "grant_holder_seen")
+    assert seen["pod"] == seen["served_as"] == "default/a"
+    assert scripted.asked == ["a"]  # the guess first, and it was right
+    await records.close()
+
+
+@pytest.mark.asyncio
+async def test_a_grant_the_kubelet_gave_another_pod_marks_that_pod_and_the_record_follows(
+    tmp_path: Path, kubelet: tuple[Kubelet, Path]
+) -> None:
+    scripted, socket = kubelet
+    allocator, cache, api = plugin(tmp_path, pod("a", 1, card="0"), pod("b", 2, card="0"))
+    records = with_records(allocator, socket)
+    scripted.known = {"b": GRANT}  # the kubelet admitted "b" first; "a" is still to come
+    assert await allocate(allocator, GRANT) == ("a", "0")
+    await sought(allocator)
+    assert await marked(allocator, api, 1) == ["b"]
+    later = [f"0-{i}" for i in range(UNITS, 2 * UNITS)]
+    scripted.known = {"b": GRANT, "a": later}
+    assert await allocate(allocator, later) == ("a", "0")  # served again, under its name
+    cache._apply("MODIFIED", pod("b", 2, card="0", admitted=True))  # its status: no 2nd write
+    assert await marked(allocator, api, 2) == ["b", "a"]
+    await records.close()
+
+
+@pytest.mark.asyncio
+async def test_a_grant_the_kubelet_records_a_moment_after_the_answer_is_still_found(
+    tmp_path: Path, kubelet: tuple[Kubelet, Path]
+) -> None:
+    scripted, socket = kubelet
+    allocator, _, api = plugin(tmp_path, pod("a", 1, card="0"))
+    records = with_records(allocator, socket)
+    scripted.known = {"a": []}
+
+    async def records_it() -> None:
+        await asyncio.sleep(0.05)
+        scripted.known = {"a": GRANT}
+
+    recording = asyncio.create_task(records_it())
+    assert await allocate(allocator, GRANT) == ("a", "0")
+    await sought(allocator)
+    await recording
+    assert await marked(allocator, api, 1) == ["a"]
+    assert len(scripted.asked) > 1
+    await records.close()
+
+
+@pytest.mark.asyncio
+async def test_a_grant_nobody_holds_in_the_records_waits_for_the_pods_status(
+    tmp_path: Path, kubelet: tuple[Kubelet, Path]
+) -> None:
+    scripted, socket = kubelet
+    allocator, cache, api = plugin(tmp_path, pod("a", 1, card="0"))
+    records = with_records(allocator, socket)
+    scripted.known = {"a": []}  # e.g. its grant went to a plain init container
+    assert await allocate(allocator, GRANT) == ("a", "0")
+    await sought(allocator)
+    assert cache.to_mark.empty()
+    cache._apply("MODIFIED", pod("a", 1, card="0", admitted=True))
+    assert await marked(allocator, api, 1) == ["a"]
+    await records.close()
+
+
+@pytest.mark.asyncio
+async def test_a_kubelet_without_the_records_is_asked_again_only_after_a_quiet_spell(
+    tmp_path: Path, kubelet: tuple[Kubelet, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scripted, socket = kubelet
+    monkeypatch.setattr(podresources_module, "QUIET_AFTER_FAILURE_S", 0.3)
+    allocator, cache, api = plugin(
+        tmp_path, pod("a", 1, card="0"), pod("b", 2, card="0"), pod("c", 3, card="0")
+    )
+    records = with_records(allocator, socket)
+    scripted.broken = grpc.StatusCode.UNAVAILABLE
+    with structlog.testing.capture_logs() as logged:
+        assert await allocate(allocator) == ("a", "0")
+        await sought(allocator)
+        asked = len(scripted.asked)
+        assert await allocate(allocator) == ("b", "0")
+        await sought(allocator)
+    assert cache.to_mark.empty()
+    failed = [e for e in logged if e["event"] == "pod_resources_failed"]
+    assert len(failed) == 1
+    assert "UNAVAILABLE" in failed[0]["error"]
+    assert "mount the kubelet's pod-resources folder" in failed[0]["fix"]
+    assert asked == 1
+    assert len(scripted.asked) == asked  # the second grant, within the quiet spell: not asked
+    await asyncio.sleep(0.35)
+    scripted.broken = None
+    scripted.known = {"c": GRANT}
+    assert await allocate(allocator, GRANT) == ("c", "0")
+    await sought(allocator)
+    assert await marked(allocator, api, 1) == ["c"]
+    await records.close()
+
+
+@pytest.mark.asyncio
+async def test_a_kubelet_without_get_is_never_asked_again_and_says_so(
+    tmp_path: Path, kubelet: tuple[Kubelet, Path]
+) -> None:
+    scripted, socket = kubelet
+    allocator, _, _ = plugin(tmp_path, pod("a", 1, card="0"), pod("b", 2, card="0"))
+    records = with_records(allocator, socket)
+    scripted.broken = grpc.StatusCode.UNIMPLEMENTED
+    with structlog.testing.capture_logs() as logged:
+        assert await allocate(allocator) == ("a", "0")
+        await sought(allocator)
+    missing = [e for e in logged if e["event"] == "pod_resources_get_missing"]
+    assert missing
+    assert "KubeletPodResourcesGet" in missing[0]["fix"]
+    asked = len(scripted.asked)
+    assert await allocate(allocator) == ("b", "0")
+    await sought(allocator)
+    assert len(scripted.asked) == asked
+    await records.close()
+
+
+@pytest.mark.asyncio
+async def test_the_kubelet_s_rate_limit_is_waited_out(
+    tmp_path: Path, kubelet: tuple[Kubelet, Path]
+) -> None:
+    scripted, socket = kubelet
+    allocator, _, api = plugin(tmp_path, pod("a", 1, card="0"))
+    records = with_records(allocator, socket)
+    scripted.broken = grpc.StatusCode.RESOURCE_EXHAUSTED
+    scripted.known = {"a": GRANT}
+
+    async def limit_lifts() -> None:
+        await asyncio.sleep(0.03)
+        scripted.broken = None
+
+    lifting = asyncio.create_task(limit_lifts())
+    assert await allocate(allocator, GRANT) == ("a", "0")
+    await sought(allocator)
+    await lifting
+    assert await marked(allocator, api, 1) == ["a"]
+    await records.close()
