@@ -4,6 +4,9 @@ A benchmark, not a test: it prints a table and writes JSON; nothing asserts on t
     python bench/operator.py [--nodes 200] [--cards 8] [--pods 2000] [--single 50] [--rounds 5]
     python bench/operator.py --gang-size 8 [--gang-mib 8192] [--nodes 200] [--pods 1600]
 
+The pods are the smallest there are (`--pod-shape minimal`, under 1 KiB in etcd), or as a Job
+creates them (`workload`: labels, owner, token volume, tolerations, env; about 3 KiB).
+
 One fresh control plane with N fake nodes x 8 cards (11178 MiB); then, one after another,
 each scheduler alone on it (the pods of the one before deleted):
 - raw: how fast the apiserver takes Bindings (the operator's own, in protobuf, with the UID
@@ -78,6 +81,7 @@ from gpushare.model.annotations import gpu_assigned
 from gpushare.model.gangs import VOLCANO_GROUP_ANNOTATIONS, GroupApi
 from gpushare_harness import ControlPlane, FakeGpuNode, create_gpu_node
 from gpushare_harness.benchargs import positive
+from gpushare_harness.benchpods import SHAPES, bench_pod
 from gpushare_harness.binaries import ensure_binaries
 from gpushare_harness.controlplane import free_port
 from gpushare_harness.crds import install_crds, install_podgroup_crds
@@ -96,38 +100,19 @@ STAND_IN_IN_FLIGHT = 256
 """The device plugins' PATCHes at once, each on a connection of its own (a kubelet per node)."""
 
 
-def pod(name: str, scheduler: str, mib: int = 1024, group: str | None = None) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name}
-    if group is not None:
-        metadata["annotations"] = {VOLCANO_GROUP_ANNOTATIONS[0]: group}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": metadata,
-        "spec": {
-            "schedulerName": scheduler,
-            "containers": [
-                {
-                    "name": "c",
-                    "image": "busybox",
-                    "resources": {"limits": {contract.GPU_MEMORY: str(mib)}},
-                }
-            ],
-        },
-    }
-
-
 async def create_pods(
     core: client.CoreV1Api,
     namespace: str,
     names: list[str],
     scheduler: str,
     *,
+    shape: str,
     mib: int = 1024,
     gang_size: int = 0,
 ) -> dict[str, float]:
-    """Creates the pods, IN_FLIGHT at a time; returns when each create was answered. With
-    `gang_size`, each run of that many pods is a gang (its PodGroup created first)."""
+    """Creates the pods in `shape` (`benchpods`), IN_FLIGHT at a time; returns when each
+    create was answered. With `gang_size`, each run of that many pods is a gang (its PodGroup
+    created first)."""
     limit = asyncio.Semaphore(IN_FLIGHT)
     created: dict[str, float] = {}
     if gang_size:
@@ -148,13 +133,19 @@ async def create_pods(
             )
 
     async def one(number: int, name: str) -> None:
-        group = f"gang-{number // gang_size}" if gang_size else None
+        group = {VOLCANO_GROUP_ANNOTATIONS[0]: f"gang-{number // gang_size}"} if gang_size else None
+        body = bench_pod(
+            name,
+            number,
+            scheduler=scheduler,
+            limits={contract.GPU_MEMORY: str(mib)},
+            shape=shape,
+            annotations=group,
+        )
         async with limit:
             await kube.raw_json(
                 core.create_namespaced_pod(
-                    namespace,
-                    cast(client.V1Pod, pod(name, scheduler, mib, group)),
-                    _preload_content=False,
+                    namespace, cast(client.V1Pod, body), _preload_content=False
                 )
             )
             created[name] = time.monotonic()
@@ -298,7 +289,7 @@ async def measure(
     core = client.CoreV1Api(api)
     await core.create_namespace(cast(client.V1Namespace, {"metadata": {"name": namespace}}))
     backlog = [f"backlog-{i}" for i in range(args.pods)]
-    await create_pods(core, namespace, backlog, scheduler.name)
+    await create_pods(core, namespace, backlog, scheduler.name, shape=args.pod_shape)
     requests_before = await server_requests(api, servers.etcd)
     server_before = servers.cpu_seconds()
     profile = profiles(namespace) if profiles is not None else None
@@ -316,7 +307,7 @@ async def measure(
         keys = [f"{namespace}/{n}" for n in burst]
         burst_server_before = servers.total_cpu_seconds()
         started = time.monotonic()
-        created = await create_pods(core, namespace, burst, scheduler.name)
+        created = await create_pods(core, namespace, burst, scheduler.name, shape=args.pod_shape)
         await binds.wait(keys)
         bound = {n: binds.at[f"{namespace}/{n}"] for n in burst}
         burst_rate = len(burst) / (max(bound.values()) - started)
@@ -327,7 +318,9 @@ async def measure(
         single = []
         for number in range(args.single):
             name = f"single-{number}"
-            answered = (await create_pods(core, namespace, [name], scheduler.name))[name]
+            answered = (
+                await create_pods(core, namespace, [name], scheduler.name, shape=args.pod_shape)
+            )[name]
             await binds.wait([f"{namespace}/{name}"], timeout_s=60)
             single.append(binds.at[f"{namespace}/{name}"] - answered)
             await binds.wait([f"{namespace}/{name}"], timeout_s=60, done=True)
@@ -517,7 +510,15 @@ async def measure_gangs(
         await core.create_namespace(cast(client.V1Namespace, {"metadata": {"name": label}}))
         names = [f"{label}-{i}" for i in range(args.pods)]
         operator = Operator(workdir, kubeconfig)
-        await create_pods(core, label, names, operator.name, mib=args.gang_mib, gang_size=gang_size)
+        await create_pods(
+            core,
+            label,
+            names,
+            operator.name,
+            shape=args.pod_shape,
+            mib=args.gang_mib,
+            gang_size=gang_size,
+        )
         pid = operator.start()
         try:
             rate, cpu = await backlog_bound(binds, pid, [f"{label}/{n}" for n in names])
@@ -564,7 +565,9 @@ async def measure_raw(
 ) -> dict[str, Any]:
     core = client.CoreV1Api(api)
     await core.create_namespace(cast(client.V1Namespace, {"metadata": {"name": "raw"}}))
-    await create_pods(core, "raw", [f"raw-{i}" for i in range(args.pods)], "nobody")
+    await create_pods(
+        core, "raw", [f"raw-{i}" for i in range(args.pods)], "nobody", shape=args.pod_shape
+    )
     argv = [sys.executable, __file__, "--raw-bind", str(kubeconfig), "--nodes", str(args.nodes)]
     processes = [
         await asyncio.create_subprocess_exec(
@@ -810,6 +813,12 @@ def main() -> int:
         help="instead: the operator alone, single pods against gangs of this many (PodGroups)",
     )
     parser.add_argument("--gang-mib", type=int, default=8192, help="each gang member's MiB")
+    parser.add_argument(
+        "--pod-shape",
+        choices=SHAPES,
+        default="minimal",
+        help="pods as a Job creates them (about 3 KiB in etcd) or the smallest there are",
+    )
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument(
         "--profile",

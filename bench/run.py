@@ -59,7 +59,7 @@ QUICK: dict[str, list[list[str]]] = {
     "operator": [["--nodes", "20", "--pods", "100", "--single", "10", "--rounds", "2"]],
     "scale": [["--nodes", "100", "--pods", "1000"]],
     "plugin": [["--pods", "50"]],
-    "server_cost": [["--writes", "200", "--rounds", "1"]],
+    "server_cost": [["--writes", "200", "--rounds", "1", "--pod-shape", "workload"]],
     "burst": [["--nodes", "10", "--pods", "80"]],
     "gangs": [["--gang-size", "4", "--nodes", "10", "--pods", "40"]],
 }

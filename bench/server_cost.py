@@ -2,7 +2,8 @@
 writes in which the operator and kube-scheduler differ, each measured alone on one fresh
 control plane. A benchmark, not a test: it prints a table and writes JSON.
 
-    python bench/server_cost.py [--writes 2000] [--rounds 3] [--json out.json]
+    python bench/server_cost.py [--writes 2000] [--rounds 3] [--pod-shape workload|minimal]
+                                [--json out.json]
 
 Each variant sends `--writes` writes, 32 in flight (one connection each, HTTP/1.1, protobuf
 bodies, as the operator sends them), and is charged the apiserver's and etcd's CPU from its
@@ -15,7 +16,8 @@ each round, and each figure is the median over the rounds:
 - Scheduled Events named by the sender (kube-scheduler's way) and by the apiserver from a
   `generateName` (the operator's), both JSON, and the operator's own (protobuf);
 - the operator's Bindings with 512 in flight on as many connections (its default).
-The pods bound are created beforehand and not charged.
+The pods bound are created beforehand and not charged: the smallest there are (`--pod-shape
+minimal`, under 1 KiB in etcd), or as a Job creates them (`workload`, about 3 KiB).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from gpushare.kube import protobuf
 from gpushare.model import contract
 from gpushare_harness import ControlPlane
 from gpushare_harness.benchargs import positive
+from gpushare_harness.benchpods import SHAPES, bench_pod
 from gpushare_harness.serverstats import counters, cpu_seconds
 
 IN_FLIGHT = 32
@@ -152,23 +155,17 @@ VARIANTS: dict[str, tuple[Write, int]] = {
 
 
 async def pending_pods(
-    api: client.ApiClient, count: int, prefix: str, in_flight: int
+    api: client.ApiClient, count: int, prefix: str, in_flight: int, shape: str
 ) -> list[dict[str, Any]]:
-    """`count` pods no scheduler takes, created `in_flight` at a time: the variant's
-    connections are opened (TLS handshakes and all) here, before its writes are measured."""
+    """`count` pods in `shape` that no scheduler takes, created `in_flight` at a time: the
+    variant's connections are opened (TLS handshakes and all) here, before its writes are
+    measured."""
     core = client.CoreV1Api(api)
     limit = asyncio.Semaphore(in_flight)
 
     async def one(number: int) -> dict[str, Any]:
-        body = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": f"{prefix}-{number}"},
-            "spec": {
-                "schedulerName": "nobody",
-                "containers": [{"name": "c", "image": "busybox"}],
-            },
-        }
+        name = f"{prefix}-{number}"
+        body = bench_pod(name, number, scheduler="nobody", limits={}, shape=shape)
         async with limit:
             return await kube.raw_json(
                 core.create_namespaced_pod(
@@ -180,7 +177,7 @@ async def pending_pods(
 
 
 async def measure(
-    plane: ControlPlane, label: str, round_number: int, writes: int
+    plane: ControlPlane, label: str, round_number: int, writes: int, shape: str
 ) -> dict[str, float]:
     write, in_flight = VARIANTS[label]
     pids = [plane.pids()["kube-apiserver"], plane.pids()["etcd"]]
@@ -188,7 +185,7 @@ async def measure(
     etcd_url = plane.endpoints.etcd
     async with await kube.api_client(plane.kubeconfig, connections=in_flight) as api:
         prefix = f"r{round_number}-{list(VARIANTS).index(label)}"
-        pods = await pending_pods(api, writes, prefix, in_flight)
+        pods = await pending_pods(api, writes, prefix, in_flight, shape)
         limit = asyncio.Semaphore(in_flight)
 
         async def one(number: int, pod: dict[str, Any]) -> None:
@@ -234,7 +231,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         for number in range(args.rounds):
             shift = number % len(labels)  # a new order each round: none always goes first
             for label in labels[shift:] + labels[:shift]:
-                found = await measure(plane, label, number, args.writes)
+                found = await measure(plane, label, number, args.writes, args.pod_shape)
                 measured[label].append(found)
                 print(f"round {number}, {label}: {found}", flush=True)
     finally:
@@ -255,6 +252,12 @@ def main() -> int:
     )
     parser.add_argument("--writes", type=positive, default=2000)
     parser.add_argument("--rounds", type=positive, default=3)
+    parser.add_argument(
+        "--pod-shape",
+        choices=SHAPES,
+        default="minimal",
+        help="the pods bound: as a Job creates them (about 3 KiB in etcd) or the smallest",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gpushare-cost-") as workdir:

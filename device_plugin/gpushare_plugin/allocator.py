@@ -205,8 +205,9 @@ class Allocator:
 
     async def _seek_holder(self, kind: GpuKind, grant: ContainerGrant, ids: Sequence[str]) -> None:
         """After the answer: which pod the kubelet's records show holding `ids`, the last
-        container's grant served as `grant.pod`'s. That pod took the grant (the record
-        follows it if the guess was another), and is marked gpu-assigned now."""
+        container's grant served as `grant.pod`'s. That pod took the grant and is marked
+        gpu-assigned now (the kubelet may still refuse it for another resource: it then
+        fails, and the operator lets its card go as for any finished pod)."""
         assert self._kubelet_records is not None  # only sought with records to ask
         answered = time.perf_counter()
         served_as = self._pods.get(grant.pod.uid)
@@ -217,6 +218,7 @@ class Allocator:
                 if p.ref.uid != grant.pod.uid
                 and p.active
                 and not p.admitted
+                and p.gpu_index is not None
                 and p.request is not None
                 and p.request.kind is kind
                 and any(c.amount == len(ids) for c in p.request.containers)
@@ -225,11 +227,15 @@ class Allocator:
         )
         asked = [served_as, *others] if served_as is not None else others
         found = await self._kubelet_records.holder(kind.value, ids, asked)
-        holder = None if found is None else self._pods.get(found)
-        if holder is None or not holder.active:
+        holder = None if found is None else self._pods.get(found.holder)
+        if found is None or holder is None or not holder.active:
             return  # its status will say (or it is gone)
-        if found != grant.pod.uid:
-            self._pods.took_grant(holder, served_as=grant.pod.uid)
+        if found.holder != grant.pod.uid:
+            # The guess is served again for its own start, unless the kubelet's records show
+            # it holding another grant (served as a third pod's) or the record moved already.
+            self._pods.took_grant(
+                holder, served_as=None if found.guess_holds_other else grant.pod.uid
+            )
         self._log.info(
             "grant_holder_seen",
             pod=str(holder.ref),
@@ -237,6 +243,18 @@ class Allocator:
             after_ms=round((time.perf_counter() - answered) * 1000, 2),
         )
         self._pods.to_mark.put_nowait(holder)
+
+    async def sought(self) -> None:
+        """Until the lookups of grants' holders now running have ended."""
+        await asyncio.gather(*self._holders_sought, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Stop the lookups still running, then close the kubelet's records."""
+        for seeking in self._holders_sought:
+            seeking.cancel()
+        await self.sought()
+        if self._kubelet_records is not None:
+            await self._kubelet_records.close()
 
     async def mark_started(self, workers: int = 4) -> None:
         """Mark `gpu-assigned` on each pod the kubelet admitted (`PodCache.to_mark`), so the

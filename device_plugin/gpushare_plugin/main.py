@@ -147,8 +147,7 @@ async def run(config: PluginConfig, stop: asyncio.Event) -> int:
                     ),
                 )
             finally:
-                if kubelet_records is not None:
-                    await kubelet_records.close()
+                await allocator.close()
     finally:
         await asyncio.to_thread(discovery.close)
 

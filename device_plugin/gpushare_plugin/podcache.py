@@ -27,9 +27,10 @@ class PodCache:
         self.served: dict[PodUid, int] = {}
         """GPU containers of each pod this plugin has answered (kubelet order)."""
         self.reopened: set[PodUid] = set()
-        """Pods served whose grant the kubelet gave another (`swapped_with`): to serve again."""
+        """Pods served whose grant the kubelet gave another (`took_grant`): to serve again."""
         self.to_mark: asyncio.Queue[BoundPod] = asyncio.Queue()
-        """Pods the kubelet admitted, to mark gpu-assigned (the allocator does)."""
+        """Pods the kubelet admitted (their status says so) or holding a grant (its records
+        say so), to mark gpu-assigned (the allocator does)."""
         self.marked: set[PodUid] = set()
         """Pods marked gpu-assigned by this plugin, or being marked: not written twice."""
         self._before_start: set[str] | None = None
@@ -129,22 +130,25 @@ class PodCache:
     def took_grant(self, holder: BoundPod, *, served_as: PodUid | None) -> None:
         """The kubelet started `holder` with the grant this plugin served as `served_as`'s
         (the kubelet's records say so, or `swapped_with` infers it from the holder's status;
-        None: its own, or none known): the record follows the grant, and that other pod is
-        served again when the kubelet starts it."""
+        None: its own, or none to serve again): the record follows the grant, and that other
+        pod, still here, is served again when the kubelet starts it. The holder may be in the
+        record already, as the guess of a call whose grant another pod took: that call's own
+        lookup settles it. A pod wrongly served again costs nothing (its grant names the same
+        card), one wrongly left served is refused when the kubelet starts it."""
         uid = holder.ref.uid
         if uid in self.reopened:
             self.served_again(uid)  # whoever took its own grant is served for good
         if holder.request is not None:
             self.served[uid] = len(holder.request.containers)
-        if served_as is None or served_as == uid:
+        other = None if served_as is None or served_as == uid else self._pods.get(served_as)
+        if other is None:
             return
-        self.served.pop(served_as, None)
-        self.reopened.add(served_as)
-        other = self._pods.get(served_as)
+        self.served.pop(other.ref.uid, None)
+        self.reopened.add(other.ref.uid)
         self._log.info(
             "grant_taken_over",
             pod=str(holder.ref),
-            served_as=str(other.ref) if other else served_as,
+            served_as=str(other.ref),
             note="the kubelet started it with the grant given under the other's name; that pod "
             "is served again when the kubelet starts it",
         )

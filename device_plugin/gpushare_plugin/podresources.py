@@ -4,16 +4,18 @@ Allocate names device ids, never the pod, so the plugin serves its best guess (t
 of that request; the exactness rule keeps them on one card, so the guess names the right
 card). The kubelet records the ids as the container's the moment Allocate's answer reaches it
 (the device manager's `allocateContainerResources`), so, asked after the answer, `Get` shows
-them on the pod that took them: the guess first, then the others of that request, one at a
-time. A pod it does not know yet is answered "not found". Grants to plain init containers are
-not shown (`Get` lists sidecars and app containers only), and any error gives no answer: the
-pod's status says then, as before.
+them on the pod that took them: the guess first, then the others of that request. A pod the
+kubelet does not know yet ("not found"), or that holds other ids of the resource, is not
+asked again. Grants to plain init containers are not shown (`Get` lists sidecars and app
+containers only), and any error gives no answer: the pod's status says then, as before.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -25,11 +27,24 @@ from gpushare.model.usage import PodUid
 from gpushare_plugin._proto.podresources_v1 import api_pb2, api_pb2_grpc
 
 GET_TIMEOUT_S = 0.5
+FIRST_ASK_AFTER_S = 0.005
+"""The answer is on its way when the lookup starts; the kubelet records the ids once it
+arrives."""
 QUIET_AFTER_FAILURE_S = 10.0
 """After the API failed (no socket, no answer), how long it is not asked."""
 MOST_ASKED = 8
-"""Pods asked about one grant, at most (one `Get` each, every try); the exactness rule keeps
-the pods of one request waiting on a node to one card's worth."""
+"""Pods asked about one grant, at most; the exactness rule keeps the pods of one request
+waiting on a node to one card's worth."""
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """Who holds a grant in the kubelet's records."""
+
+    holder: PodUid
+    guess_holds_other: bool
+    """The pod asked first (the guess) holds other ids of the resource: it took another
+    grant."""
 
 
 class NotRecorded(Exception):
@@ -49,46 +64,25 @@ class PodResources:
 
     async def holder(
         self, resource: str, device_ids: Sequence[str], pods: Sequence[BoundPod]
-    ) -> PodUid | None:
-        """Of `pods`, asked in turn, the one whose containers hold `device_ids` of `resource`
-        in the kubelet's records; None when none does within `KUBELET_RECORDS`' tries, or the
-        records cannot be read."""
+    ) -> Holding | None:
+        """Of `pods` (the guess first), the one whose containers hold `device_ids` of
+        `resource` in the kubelet's records; None when none does within `KUBELET_RECORDS`'
+        tries, or the records cannot be read."""
         if self._unsupported or not pods or time.monotonic() < self._quiet_until:
             return None
-        wanted = set(device_ids)
+        search = _Search(resource, set(device_ids), list(pods[:MOST_ASKED]))
+        await asyncio.sleep(FIRST_ASK_AFTER_S)
         try:
-            return await retry(
-                lambda: self._find(resource, wanted, pods[:MOST_ASKED]),
-                KUBELET_RECORDS,
-                retryable=_not_yet,
+            holder = await retry(
+                lambda: search.round(self._lister()), KUBELET_RECORDS, retryable=_not_yet
             )
         except NotRecorded:
             self._log.debug("grant_holder_unseen", resource=resource)
         except grpc.aio.AioRpcError as error:
             self._failed(error)
+        else:
+            return Holding(holder, search.guess_holds_other)
         return None
-
-    async def _find(self, resource: str, wanted: set[str], pods: Sequence[BoundPod]) -> PodUid:
-        for pod in pods:
-            asked = api_pb2.GetPodResourcesRequest(
-                pod_name=pod.ref.name, pod_namespace=pod.ref.namespace
-            )
-            try:
-                answer = await self._lister().Get(asked, timeout=GET_TIMEOUT_S)
-            except grpc.aio.AioRpcError as error:
-                # The kubelet answers a pod it does not know with a plain error, UNKNOWN.
-                if error.code() is grpc.StatusCode.UNKNOWN and "not found" in (
-                    error.details() or ""
-                ):
-                    continue
-                raise
-            for container in answer.pod_resources.containers:
-                for devices in container.devices:
-                    if devices.resource_name == resource and wanted.intersection(
-                        devices.device_ids
-                    ):
-                        return pod.ref.uid
-        raise NotRecorded
 
     def _lister(self) -> api_pb2_grpc.PodResourcesListerStub:
         if self._stub is None:
@@ -101,13 +95,14 @@ class PodResources:
             # Still over its rate limit after the tries: this grant's status will say.
             self._log.debug("pod_resources_rate_limited")
             return
-        if error.code() is grpc.StatusCode.UNIMPLEMENTED:
+        if _get_missing(error):
             self._unsupported = True
             self._log.warning(
                 "pod_resources_get_missing",
                 socket=str(self._socket),
+                error=f"{error.code().name}: {error.details()}",
                 consequence="pods are marked gpu-assigned once their status shows them admitted",
-                fix="a kubelet of 1.27+ with KubeletPodResourcesGet (on by default from 1.34)",
+                fix="KubeletPodResourcesGet on the kubelet (1.27+; on by default from 1.34)",
             )
             return
         self._quiet_until = time.monotonic() + QUIET_AFTER_FAILURE_S
@@ -123,6 +118,58 @@ class PodResources:
     async def close(self) -> None:
         if self._channel is not None:
             await self._channel.close()
+
+
+class _Search:
+    """One grant's lookup: each round asks the pods still in question."""
+
+    def __init__(self, resource: str, wanted: set[str], pods: list[BoundPod]) -> None:
+        self._resource = resource
+        self._wanted = wanted
+        self._guess = pods[0].ref.uid
+        self._open = pods
+        self.guess_holds_other = False
+
+    async def round(self, lister: api_pb2_grpc.PodResourcesListerStub) -> PodUid:
+        still: list[BoundPod] = []
+        for pod in self._open:
+            asked = api_pb2.GetPodResourcesRequest(
+                pod_name=pod.ref.name, pod_namespace=pod.ref.namespace
+            )
+            try:
+                answer = await lister.Get(asked, timeout=GET_TIMEOUT_S)
+            except grpc.aio.AioRpcError as error:
+                if _not_found(error):
+                    continue  # not admitted yet: the grant, already answered, is not its
+                raise
+            held = {
+                device_id
+                for container in answer.pod_resources.containers
+                for devices in container.devices
+                if devices.resource_name == self._resource
+                for device_id in devices.device_ids
+            }
+            if held & self._wanted:
+                return pod.ref.uid
+            if held:
+                self.guess_holds_other |= pod.ref.uid == self._guess
+                continue  # it took another grant
+            still.append(pod)
+        self._open = still
+        raise NotRecorded
+
+
+def _not_found(error: grpc.aio.AioRpcError) -> bool:
+    """The kubelet answers a pod it does not know with a plain error (code UNKNOWN)."""
+    return error.code() is grpc.StatusCode.UNKNOWN and "not found" in (error.details() or "")
+
+
+def _get_missing(error: grpc.aio.AioRpcError) -> bool:
+    """A kubelet without `Get` (before 1.27), or with it turned off: "PodResources API Get
+    method disabled", a plain error too."""
+    return error.code() is grpc.StatusCode.UNIMPLEMENTED or (
+        error.code() is grpc.StatusCode.UNKNOWN and "disabled" in (error.details() or "")
+    )
 
 
 def _not_yet(error: Exception) -> bool:

@@ -40,7 +40,8 @@ class PluginProcess(LoggedProcess):
             "KUBECONFIG": str(self.kubeconfig),
             "GPUSHARE_SOCKET_DIR": str(self.socket_dir),
             # Where the kubelet whose device-plugins folder this is keeps its pod-resources
-            # socket (absent beside a stand-in kubelet: the plugin then goes without).
+            # socket (absent beside a stand-in kubelet: the plugin says so every 10 s at most
+            # and marks pods after their status).
             "GPUSHARE_POD_RESOURCES_SOCKET": str(
                 self.socket_dir.parent / "pod-resources" / "kubelet.sock"
             ),

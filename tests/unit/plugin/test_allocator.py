@@ -99,10 +99,14 @@ class QuietWatch(Api):
 
 
 def plugin(
-    tmp_path: Path, *pods: Any, wait_s: float = 0.2, api: Api | None = None
+    tmp_path: Path,
+    *pods: Any,
+    wait_s: float = 0.2,
+    api: Api | None = None,
+    records: PodResources | None = None,
 ) -> tuple[Allocator, PodCache, Api]:
     """An allocator over two 1024-unit cards; its pod cache holds `pods`, or, given an `api`,
-    what that apiserver lists once the cache runs."""
+    what that apiserver lists once the cache runs; `records`: the kubelet's to ask."""
     spec = tmp_path / "cards.yaml"
     spec.write_text(yaml.safe_dump({"cards": [{"memoryMiB": 1024}, {"memoryMiB": 1024}]}))
     table = DeviceTable(node="n", cards=FakeDiscovery(f"@{spec}", node="n").cards(), unit_mib=1)
@@ -123,6 +127,7 @@ def plugin(
         limits=None,
         wait_s=wait_s,
         schedulers=frozenset({contract.DEFAULT_SCHEDULER_NAME}),
+        kubelet_records=records,
     )
     return allocator, cache, api
 
@@ -320,6 +325,7 @@ class Kubelet(records_grpc.PodResourcesListerServicer):
     def __init__(self) -> None:
         self.known: dict[str, list[str]] = {}
         self.broken: grpc.StatusCode | None = None
+        self.details = "scripted"
         self.asked: list[str] = []
 
     async def Get(  # the gRPC method's name
@@ -329,7 +335,7 @@ class Kubelet(records_grpc.PodResourcesListerServicer):
     ) -> records_pb2.GetPodResourcesResponse:
         self.asked.append(request.pod_name)
         if self.broken is not None:
-            await context.abort(self.broken, "scripted")
+            await context.abort(self.broken, self.details)
         if request.pod_name not in self.known:
             await context.abort(
                 grpc.StatusCode.UNKNOWN,
@@ -351,77 +357,129 @@ class Kubelet(records_grpc.PodResourcesListerServicer):
 
 
 @pytest_asyncio.fixture
-async def kubelet(tmp_path: Path) -> AsyncIterator[tuple[Kubelet, Path]]:
+async def kubelet(tmp_path: Path) -> AsyncIterator[tuple[Kubelet, PodResources]]:
+    """A scripted kubelet, and the plugin's client of its records (closed after the test)."""
     scripted = Kubelet()
     server = grpc.aio.server()
     records_grpc.add_PodResourcesListerServicer_to_server(scripted, server)  # type: ignore[no-untyped-call]
     socket = tmp_path / "kubelet.sock"
     server.add_insecure_port(f"unix://{socket}")
     await server.start()
+    records = PodResources(socket, "n")
     try:
-        yield scripted, socket
+        yield scripted, records
     finally:
+        await records.close()
         await server.stop(None)
 
 
-def with_records(allocator: Allocator, socket: Path) -> PodResources:
-    records = PodResources(socket, "n")
-    allocator._kubelet_records = records
-    return records
-
-
-async def sought(allocator: Allocator) -> None:
-    """Until every lookup of a grant's holder in the kubelet's records has ended."""
-    await asyncio.gather(*allocator._holders_sought)
-
-
 GRANT = [f"0-{i}" for i in range(UNITS)]
+LATER = [f"0-{i}" for i in range(UNITS, 2 * UNITS)]
 
 
 @pytest.mark.asyncio
 async def test_the_pod_the_kubelet_records_with_the_grant_is_marked_at_once(
-    tmp_path: Path, kubelet: tuple[Kubelet, Path]
+    tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
 ) -> None:
-    scripted, socket = kubelet
-    allocator, _, api = plugin(tmp_path, pod("a", 1, card="0"), pod("b", 2, card="0"))
-    records = with_records(allocator, socket)
+    scripted, records = kubelet
+    allocator, _, api = plugin(
+        tmp_path, pod("a", 1, card="0"), pod("b", 2, card="0"), records=records
+    )
     scripted.known = {"a": GRANT}
     with structlog.testing.capture_logs() as logged:
         assert await allocate(allocator, GRANT) == ("a", "0")
-        await sought(allocator)
+        await allocator.sought()
     assert await marked(allocator, api, 1) == ["a"]  # before its status shows it admitted
     seen = next(e for e in logged if e["event"] == "grant_holder_seen")
     assert seen["pod"] == seen["served_as"] == "default/a"
     assert scripted.asked == ["a"]  # the guess first, and it was right
-    await records.close()
 
 
 @pytest.mark.asyncio
 async def test_a_grant_the_kubelet_gave_another_pod_marks_that_pod_and_the_record_follows(
-    tmp_path: Path, kubelet: tuple[Kubelet, Path]
+    tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
 ) -> None:
-    scripted, socket = kubelet
-    allocator, cache, api = plugin(tmp_path, pod("a", 1, card="0"), pod("b", 2, card="0"))
-    records = with_records(allocator, socket)
-    scripted.known = {"b": GRANT}  # the kubelet admitted "b" first; "a" is still to come
+    scripted, records = kubelet
+    allocator, cache, api = plugin(
+        tmp_path, pod("a", 1, card="0"), pod("b", 2, card="0"), records=records
+    )
+    scripted.known = {"a": [], "b": GRANT}  # the kubelet admitted "b" first; "a" comes next
     assert await allocate(allocator, GRANT) == ("a", "0")
-    await sought(allocator)
+    await allocator.sought()
     assert await marked(allocator, api, 1) == ["b"]
-    later = [f"0-{i}" for i in range(UNITS, 2 * UNITS)]
-    scripted.known = {"b": GRANT, "a": later}
-    assert await allocate(allocator, later) == ("a", "0")  # served again, under its name
+    scripted.known = {"b": GRANT, "a": LATER}
+    assert await allocate(allocator, LATER) == ("a", "0")  # served again, under its name
     cache._apply("MODIFIED", pod("b", 2, card="0", admitted=True))  # its status: no 2nd write
     assert await marked(allocator, api, 2) == ["b", "a"]
-    await records.close()
+
+
+@pytest.mark.asyncio
+async def test_two_grants_each_taken_by_the_other_pod_leave_both_pods_served(
+    tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
+) -> None:
+    # The kubelet starts "b" (served as "a"), then "a" (served as "b"), and both lookups end
+    # after both answers: neither pod may be served a third time.
+    scripted, records = kubelet
+    allocator, _, api = plugin(
+        tmp_path,
+        pod("a", 1, card="0"),
+        pod("b", 2, card="0"),
+        pod("c", 3, card="0"),
+        records=records,
+    )
+    scripted.known = {"a": LATER, "b": GRANT}
+    assert await allocate(allocator, GRANT) == ("a", "0")
+    assert await allocate(allocator, LATER) == ("b", "0")
+    await allocator.sought()
+    assert sorted(await marked(allocator, api, 2)) == ["a", "b"]
+    assert await allocate(allocator) == ("c", "0")  # the next start is the third pod's
+
+
+@pytest.mark.asyncio
+async def test_grants_taken_down_a_chain_leave_the_first_guess_to_be_served(
+    tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
+) -> None:
+    # The kubelet starts "b" (served as "a"), then "c" (served as "b"); "a" still comes, and
+    # must find its grant (the real node's burst saw it refused while the record said served).
+    scripted, records = kubelet
+    allocator, _, api = plugin(
+        tmp_path,
+        pod("a", 1, card="0"),
+        pod("b", 2, card="0"),
+        pod("c", 3, card="0"),
+        records=records,
+    )
+    scripted.known = {"b": GRANT, "c": LATER}
+    assert await allocate(allocator, GRANT) == ("a", "0")
+    assert await allocate(allocator, LATER) == ("b", "0")
+    await allocator.sought()
+    assert sorted(await marked(allocator, api, 2)) == ["b", "c"]
+    assert await allocate(allocator) == ("a", "0")
+
+
+@pytest.mark.asyncio
+async def test_a_guess_deleted_before_the_lookup_is_not_kept_to_serve_again(
+    tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
+) -> None:
+    scripted, records = kubelet
+    allocator, cache, api = plugin(
+        tmp_path, pod("a", 1, card="0"), pod("b", 2, card="0"), records=records
+    )
+    scripted.known = {"a": [], "b": GRANT}
+    assert await allocate(allocator, GRANT) == ("a", "0")
+    cache._apply("DELETED", pod("a", 1, card="0"))
+    await allocator.sought()
+    assert await marked(allocator, api, 1) == ["b"]
+    cache._apply("ADDED", pod("c", 3, card="0"))
+    assert await allocate(allocator) == ("c", "0")
 
 
 @pytest.mark.asyncio
 async def test_a_grant_the_kubelet_records_a_moment_after_the_answer_is_still_found(
-    tmp_path: Path, kubelet: tuple[Kubelet, Path]
+    tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
 ) -> None:
-    scripted, socket = kubelet
-    allocator, _, api = plugin(tmp_path, pod("a", 1, card="0"))
-    records = with_records(allocator, socket)
+    scripted, records = kubelet
+    allocator, _, api = plugin(tmp_path, pod("a", 1, card="0"), records=records)
     scripted.known = {"a": []}
 
     async def records_it() -> None:
@@ -430,90 +488,100 @@ async def test_a_grant_the_kubelet_records_a_moment_after_the_answer_is_still_fo
 
     recording = asyncio.create_task(records_it())
     assert await allocate(allocator, GRANT) == ("a", "0")
-    await sought(allocator)
+    await allocator.sought()
     await recording
     assert await marked(allocator, api, 1) == ["a"]
     assert len(scripted.asked) > 1
-    await records.close()
 
 
 @pytest.mark.asyncio
 async def test_a_grant_nobody_holds_in_the_records_waits_for_the_pods_status(
-    tmp_path: Path, kubelet: tuple[Kubelet, Path]
+    tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
 ) -> None:
-    scripted, socket = kubelet
-    allocator, cache, api = plugin(tmp_path, pod("a", 1, card="0"))
-    records = with_records(allocator, socket)
+    scripted, records = kubelet
+    allocator, cache, api = plugin(
+        tmp_path, pod("a", 1, card="0"), pod("b", 2, card="0"), records=records
+    )
     scripted.known = {"a": []}  # e.g. its grant went to a plain init container
     assert await allocate(allocator, GRANT) == ("a", "0")
-    await sought(allocator)
+    await allocator.sought()
     assert cache.to_mark.empty()
+    assert set(scripted.asked) == {"a", "b"}
+    assert scripted.asked.count("b") == 1  # unknown to the kubelet: not asked again
     cache._apply("MODIFIED", pod("a", 1, card="0", admitted=True))
     assert await marked(allocator, api, 1) == ["a"]
-    await records.close()
 
 
 @pytest.mark.asyncio
 async def test_a_kubelet_without_the_records_is_asked_again_only_after_a_quiet_spell(
-    tmp_path: Path, kubelet: tuple[Kubelet, Path], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, kubelet: tuple[Kubelet, PodResources], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    scripted, socket = kubelet
+    scripted, records = kubelet
     monkeypatch.setattr(podresources_module, "QUIET_AFTER_FAILURE_S", 0.3)
     allocator, cache, api = plugin(
-        tmp_path, pod("a", 1, card="0"), pod("b", 2, card="0"), pod("c", 3, card="0")
+        tmp_path,
+        pod("a", 1, card="0"),
+        pod("b", 2, card="0"),
+        pod("c", 3, card="0"),
+        records=records,
     )
-    records = with_records(allocator, socket)
     scripted.broken = grpc.StatusCode.UNAVAILABLE
     with structlog.testing.capture_logs() as logged:
         assert await allocate(allocator) == ("a", "0")
-        await sought(allocator)
-        asked = len(scripted.asked)
+        await allocator.sought()
         assert await allocate(allocator) == ("b", "0")
-        await sought(allocator)
+        await allocator.sought()
     assert cache.to_mark.empty()
     failed = [e for e in logged if e["event"] == "pod_resources_failed"]
     assert len(failed) == 1
     assert "UNAVAILABLE" in failed[0]["error"]
     assert "mount the kubelet's pod-resources folder" in failed[0]["fix"]
-    assert asked == 1
-    assert len(scripted.asked) == asked  # the second grant, within the quiet spell: not asked
+    assert scripted.asked == ["a"]  # the second grant, within the quiet spell: not asked
     await asyncio.sleep(0.35)
     scripted.broken = None
     scripted.known = {"c": GRANT}
     assert await allocate(allocator, GRANT) == ("c", "0")
-    await sought(allocator)
+    await allocator.sought()
     assert await marked(allocator, api, 1) == ["c"]
-    await records.close()
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("code", "details"),
+    [
+        (grpc.StatusCode.UNIMPLEMENTED, "unknown method Get"),  # a kubelet before 1.27
+        (grpc.StatusCode.UNKNOWN, "PodResources API Get method disabled"),  # the gate off
+    ],
+)
 async def test_a_kubelet_without_get_is_never_asked_again_and_says_so(
-    tmp_path: Path, kubelet: tuple[Kubelet, Path]
+    tmp_path: Path,
+    kubelet: tuple[Kubelet, PodResources],
+    code: grpc.StatusCode,
+    details: str,
 ) -> None:
-    scripted, socket = kubelet
-    allocator, _, _ = plugin(tmp_path, pod("a", 1, card="0"), pod("b", 2, card="0"))
-    records = with_records(allocator, socket)
-    scripted.broken = grpc.StatusCode.UNIMPLEMENTED
+    scripted, records = kubelet
+    allocator, _, _ = plugin(
+        tmp_path, pod("a", 1, card="0"), pod("b", 2, card="0"), records=records
+    )
+    scripted.broken, scripted.details = code, details
     with structlog.testing.capture_logs() as logged:
         assert await allocate(allocator) == ("a", "0")
-        await sought(allocator)
+        await allocator.sought()
     missing = [e for e in logged if e["event"] == "pod_resources_get_missing"]
-    assert missing
+    assert len(missing) == 1
     assert "KubeletPodResourcesGet" in missing[0]["fix"]
-    asked = len(scripted.asked)
+    assert not [e for e in logged if e["event"] == "pod_resources_failed"]
     assert await allocate(allocator) == ("b", "0")
-    await sought(allocator)
-    assert len(scripted.asked) == asked
-    await records.close()
+    await allocator.sought()
+    assert scripted.asked == ["a"]
 
 
 @pytest.mark.asyncio
 async def test_the_kubelet_s_rate_limit_is_waited_out(
-    tmp_path: Path, kubelet: tuple[Kubelet, Path]
+    tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
 ) -> None:
-    scripted, socket = kubelet
-    allocator, _, api = plugin(tmp_path, pod("a", 1, card="0"))
-    records = with_records(allocator, socket)
+    scripted, records = kubelet
+    allocator, _, api = plugin(tmp_path, pod("a", 1, card="0"), records=records)
     scripted.broken = grpc.StatusCode.RESOURCE_EXHAUSTED
     scripted.known = {"a": GRANT}
 
@@ -523,7 +591,6 @@ async def test_the_kubelet_s_rate_limit_is_waited_out(
 
     lifting = asyncio.create_task(limit_lifts())
     assert await allocate(allocator, GRANT) == ("a", "0")
-    await sought(allocator)
+    await allocator.sought()
     await lifting
     assert await marked(allocator, api, 1) == ["a"]
-    await records.close()
