@@ -5,9 +5,9 @@ of that request; the exactness rule keeps them on one card, so the guess names t
 card). The kubelet records the ids as the container's the moment Allocate's answer reaches it
 (the device manager's `allocateContainerResources`), so, asked after the answer, `Get` shows
 them on the pod that took them: the guess first, then the others of that request. A pod the
-kubelet does not know yet ("not found"), or that holds other ids of the resource, is not
-asked again. Grants to plain init containers are not shown (`Get` lists sidecars and app
-containers only), and any error gives no answer: the pod's status says then, as before.
+kubelet does not know yet ("not found") is not asked again. Grants to plain init containers
+are not shown (`Get` lists sidecars and app containers only), and any error gives no answer:
+the pod's status says then, as before.
 """
 
 from __future__ import annotations
@@ -151,9 +151,9 @@ class _Search:
             }
             if held & self._wanted:
                 return pod.ref.uid
-            if held:
-                self.guess_holds_other |= pod.ref.uid == self._guess
-                continue  # it took another grant
+            # Holding other ids, it took another grant; asked again all the same: a pod of
+            # several GPU containers holds its first's while its last's is being recorded.
+            self.guess_holds_other |= bool(held) and pod.ref.uid == self._guess
             still.append(pod)
         self._open = still
         raise NotRecorded
