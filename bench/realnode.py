@@ -261,7 +261,7 @@ def device_path(log: Path, pods: set[str]) -> dict[str, float | None]:
     allocate: list[float] = []
     lock_wait: list[float] = []
     watch_wait: list[float] = []
-    holders: list[float] = []
+    confirmed: list[float] = []
     for line in log.read_text().splitlines():
         try:
             entry = json.loads(line)
@@ -271,8 +271,8 @@ def device_path(log: Path, pods: set[str]) -> dict[str, float | None]:
             continue
         if entry.get("event") == "devices preferred":
             preferred.append(entry["preferred_ms"])
-        elif entry.get("event") == "grant_holder_seen":
-            holders.append(entry["after_ms"])
+        elif entry.get("event") == "grant_confirmed":
+            confirmed.append(entry["after_ms"])
             continue
         elif entry.get("event") == "container allocated":
             allocate.append(entry["allocate_ms"])
@@ -289,8 +289,8 @@ def device_path(log: Path, pods: set[str]) -> dict[str, float | None]:
         "call_ms_max": round(calls[-1], 2) if calls else 0.0,
         "lock_wait_ms_total": round(sum(lock_wait), 1),
         "watch_wait_ms_total": round(sum(watch_wait), 1),
-        "grants_seen_in_kubelet_records": len(holders),
-        "seen_after_ms_p50": round(statistics.median(holders), 2) if holders else None,
+        "grants_confirmed_by_kubelet_records": len(confirmed),
+        "confirmed_after_ms_p50": round(statistics.median(confirmed), 2) if confirmed else None,
     }
 
 

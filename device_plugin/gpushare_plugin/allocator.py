@@ -5,10 +5,11 @@ The decision (which pod, which container, which card, which env) is
 not in it yet, and record the containers served. Allocate writes nothing: `gpu-assigned` is
 set once it is known which pod took a grant (the call names device ids, not the pod): at
 once when the kubelet's pod-resources records, asked after the answer (`PodResources`), show
-the ids on a pod; else when the pod's status shows the kubelet admitted it (`mark_started`
-writes it either way). Until then the operator keeps pods of the same request on the pod's
-card (the exactness rule), so whichever of them the kubelet starts with a grant, the grant
-names its card; and a start never waits on the apiserver or on the records.
+the ids on the guessed pod; else when a pod's status shows the kubelet admitted it
+(`mark_started` writes it either way). Until then the operator keeps pods of the same
+request on the pod's card (the exactness rule), so whichever of them the kubelet starts with
+a grant, the grant names its card; and a start never waits on the apiserver or on the
+records.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class Allocator:
         self._wait_s = wait_s
         self._schedulers = schedulers
         self._kubelet_records = kubelet_records
-        self._holders_sought: set[asyncio.Task[None]] = set()
+        self._confirming: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()  # one decision at a time: `served` is read, then written
         self._log = logs.get("allocate", node=table.node)
 
@@ -184,9 +185,9 @@ class Allocator:
                     watch_wait_ms=round(watch_wait_s * 1000, 2),
                 )
             if self._kubelet_records is not None and grants[-1].last:
-                seeking = asyncio.create_task(self._seek_holder(kind, grants[-1], requests[-1]))
-                self._holders_sought.add(seeking)
-                seeking.add_done_callback(self._holders_sought.discard)
+                asking = asyncio.create_task(self._confirm(kind, grants[-1], requests[-1]))
+                self._confirming.add(asking)
+                asking.add_done_callback(self._confirming.discard)
             result = "ok"
             return grants
         except NoCandidate as refusal:
@@ -203,56 +204,34 @@ class Allocator:
             self._metrics.allocations.labels(kind.value, result).inc()
             self._metrics.allocate_latency.labels(kind.value).observe(time.perf_counter() - started)
 
-    async def _seek_holder(self, kind: GpuKind, grant: ContainerGrant, ids: Sequence[str]) -> None:
-        """After the answer: which pod the kubelet's records show holding `ids`, the last
-        container's grant served as `grant.pod`'s. That pod took the grant and is marked
-        gpu-assigned now (the kubelet may still refuse it for another resource: it then
-        fails, and the operator lets its card go as for any finished pod)."""
-        assert self._kubelet_records is not None  # only sought with records to ask
+    async def _confirm(self, kind: GpuKind, grant: ContainerGrant, ids: Sequence[str]) -> None:
+        """After the answer: if the kubelet's records show the guessed pod holding `ids` (its
+        last container's grant), it took its own grant and is marked gpu-assigned now. A
+        grant another pod took is left to the pods' status (`PodCache._admitted`), which
+        moves the record; so is one the records cannot show."""
+        assert self._kubelet_records is not None  # only asked with records to ask
         answered = time.perf_counter()
-        served_as = self._pods.get(grant.pod.uid)
-        others = sorted(
-            (
-                p
-                for p in self._pods.pods()
-                if p.ref.uid != grant.pod.uid
-                and p.active
-                and not p.admitted
-                and p.gpu_index is not None
-                and p.request is not None
-                and p.request.kind is kind
-                and any(c.amount == len(ids) for c in p.request.containers)
-            ),
-            key=lambda p: (p.predicate_time is None, p.predicate_time or 0),
-        )
-        asked = [served_as, *others] if served_as is not None else others
-        found = await self._kubelet_records.holder(kind.value, ids, asked)
-        holder = None if found is None else self._pods.get(found.holder)
-        if found is None or holder is None or not holder.active:
-            return  # its status will say (or it is gone)
-        if found.holder != grant.pod.uid:
-            # The guess is served again for its own start, unless the kubelet's records show
-            # it holding another grant (served as a third pod's) or the record moved already.
-            self._pods.took_grant(
-                holder, served_as=None if found.guess_holds_other else grant.pod.uid
-            )
+        if not await self._kubelet_records.holds(kind.value, ids, grant.pod):
+            return
+        pod = self._pods.get(grant.pod.uid)
+        if pod is None or not pod.active:
+            return
         self._log.info(
-            "grant_holder_seen",
-            pod=str(holder.ref),
-            served_as=str(grant.pod),
+            "grant_confirmed",
+            pod=str(grant.pod),
             after_ms=round((time.perf_counter() - answered) * 1000, 2),
         )
-        self._pods.to_mark.put_nowait(holder)
+        self._pods.to_mark.put_nowait(pod)
 
-    async def sought(self) -> None:
-        """Until the lookups of grants' holders now running have ended."""
-        await asyncio.gather(*self._holders_sought, return_exceptions=True)
+    async def confirmed(self) -> None:
+        """Until the kubelet's records, asked about the grants answered so far, have said."""
+        await asyncio.gather(*self._confirming, return_exceptions=True)
 
     async def close(self) -> None:
-        """Stop the lookups still running, then close the kubelet's records."""
-        for seeking in self._holders_sought:
-            seeking.cancel()
-        await self.sought()
+        """Stop the questions to the kubelet's records, then close them."""
+        for asking in self._confirming:
+            asking.cancel()
+        await self.confirmed()
         if self._kubelet_records is not None:
             await self._kubelet_records.close()
 

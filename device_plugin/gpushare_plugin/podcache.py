@@ -27,10 +27,10 @@ class PodCache:
         self.served: dict[PodUid, int] = {}
         """GPU containers of each pod this plugin has answered (kubelet order)."""
         self.reopened: set[PodUid] = set()
-        """Pods served whose grant the kubelet gave another (`took_grant`): to serve again."""
+        """Pods served whose grant the kubelet gave another (`swapped_with`): to serve again."""
         self.to_mark: asyncio.Queue[BoundPod] = asyncio.Queue()
-        """Pods the kubelet admitted (their status says so) or holding a grant (its records
-        say so), to mark gpu-assigned (the allocator does)."""
+        """Pods the kubelet admitted (their status says so, or its records show the grant
+        served under their own name), to mark gpu-assigned (the allocator does)."""
         self.marked: set[PodUid] = set()
         """Pods marked gpu-assigned by this plugin, or being marked: not written twice."""
         self._before_start: set[str] | None = None
@@ -92,6 +92,7 @@ class PodCache:
             self._pods.pop(uid)
             self.served.pop(uid, None)
             self.marked.discard(uid)
+            self.reopened.discard(uid)
         self._notify()
         self._log.info("pods on node listed", pods=len(self._pods))
 
@@ -125,30 +126,19 @@ class PodCache:
             self.to_mark.put_nowait(pod)  # a GPU pod started: it holds a grant now
         if not reopened and (uid in self.served or uid in (self._before_start or ())):
             return
-        self.took_grant(pod, served_as=swapped_with(pod, self._pods.values(), self.served))
-
-    def took_grant(self, holder: BoundPod, *, served_as: PodUid | None) -> None:
-        """The kubelet started `holder` with the grant this plugin served as `served_as`'s
-        (the kubelet's records say so, or `swapped_with` infers it from the holder's status;
-        None: its own, or none to serve again): the record follows the grant, and that other
-        pod, still here, is served again when the kubelet starts it. The holder may be in the
-        record already, as the guess of a call whose grant another pod took: that call's own
-        lookup settles it. A pod wrongly served again costs nothing (its grant names the same
-        card), one wrongly left served is refused when the kubelet starts it."""
-        uid = holder.ref.uid
-        if uid in self.reopened:
+        partner = swapped_with(pod, self._pods.values(), self.served)
+        if reopened:
             self.served_again(uid)  # whoever took its own grant is served for good
-        if holder.request is not None:
-            self.served[uid] = len(holder.request.containers)
-        other = None if served_as is None or served_as == uid else self._pods.get(served_as)
-        if other is None:
+        if pod.request is not None:
+            self.served[uid] = len(pod.request.containers)
+        if partner is None:
             return
-        self.served.pop(other.ref.uid, None)
-        self.reopened.add(other.ref.uid)
+        self.served.pop(partner, None)
+        self.reopened.add(partner)
         self._log.info(
             "grant_taken_over",
-            pod=str(holder.ref),
-            served_as=str(other.ref),
+            pod=str(pod.ref),
+            served_as=str(self._pods[partner].ref),
             note="the kubelet started it with the grant given under the other's name; that pod "
             "is served again when the kubelet starts it",
         )

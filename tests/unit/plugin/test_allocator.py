@@ -378,7 +378,7 @@ LATER = [f"0-{i}" for i in range(UNITS, 2 * UNITS)]
 
 
 @pytest.mark.asyncio
-async def test_the_pod_the_kubelet_records_with_the_grant_is_marked_at_once(
+async def test_a_pod_the_kubelet_records_with_its_own_grant_is_marked_at_once(
     tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
 ) -> None:
     scripted, records = kubelet
@@ -388,94 +388,63 @@ async def test_the_pod_the_kubelet_records_with_the_grant_is_marked_at_once(
     scripted.known = {"a": GRANT}
     with structlog.testing.capture_logs() as logged:
         assert await allocate(allocator, GRANT) == ("a", "0")
-        await allocator.sought()
+        await allocator.confirmed()
     assert await marked(allocator, api, 1) == ["a"]  # before its status shows it admitted
-    seen = next(e for e in logged if e["event"] == "grant_holder_seen")
-    assert seen["pod"] == seen["served_as"] == "default/a"
-    assert scripted.asked == ["a"]  # the guess first, and it was right
+    assert [e["pod"] for e in logged if e["event"] == "grant_confirmed"] == ["default/a"]
+    assert scripted.asked == ["a"]
 
 
 @pytest.mark.asyncio
-async def test_a_grant_the_kubelet_gave_another_pod_marks_that_pod_and_the_record_follows(
+async def test_a_grant_the_kubelet_gave_another_pod_is_left_to_the_pods_status(
     tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
 ) -> None:
     scripted, records = kubelet
     allocator, cache, api = plugin(
         tmp_path, pod("a", 1, card="0"), pod("b", 2, card="0"), records=records
     )
-    scripted.known = {"a": [], "b": GRANT}  # the kubelet admitted "b" first; "a" comes next
+    scripted.known = {"b": GRANT}  # the kubelet admitted "b" first; "a" is not known yet
     assert await allocate(allocator, GRANT) == ("a", "0")
-    await allocator.sought()
+    await allocator.confirmed()
+    assert cache.to_mark.empty()
+    assert scripted.asked == ["a"]  # not known: not asked again
+    cache._apply("MODIFIED", pod("b", 2, card="0", admitted=True))
     assert await marked(allocator, api, 1) == ["b"]
     scripted.known = {"b": GRANT, "a": LATER}
     assert await allocate(allocator, LATER) == ("a", "0")  # served again, under its name
-    cache._apply("MODIFIED", pod("b", 2, card="0", admitted=True))  # its status: no 2nd write
+    await allocator.confirmed()
     assert await marked(allocator, api, 2) == ["b", "a"]
 
 
 @pytest.mark.asyncio
-async def test_two_grants_each_taken_by_the_other_pod_leave_both_pods_served(
+async def test_grants_taken_down_a_chain_leave_every_pod_its_start(
     tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
 ) -> None:
-    # The kubelet starts "b" (served as "a"), then "a" (served as "b"), and both lookups end
-    # after both answers: neither pod may be served a third time.
+    # The kubelet starts "b" (served as "a"), then "c" (served as "b"), then "a": each start
+    # finds a grant (a real node's burst once saw "a" refused here).
     scripted, records = kubelet
-    allocator, _, api = plugin(
+    allocator, cache, api = plugin(
         tmp_path,
         pod("a", 1, card="0"),
         pod("b", 2, card="0"),
         pod("c", 3, card="0"),
         records=records,
     )
-    scripted.known = {"a": LATER, "b": GRANT}
-    assert await allocate(allocator, GRANT) == ("a", "0")
-    assert await allocate(allocator, LATER) == ("b", "0")
-    await allocator.sought()
-    assert sorted(await marked(allocator, api, 2)) == ["a", "b"]
-    assert await allocate(allocator) == ("c", "0")  # the next start is the third pod's
-
-
-@pytest.mark.asyncio
-async def test_grants_taken_down_a_chain_leave_the_first_guess_to_be_served(
-    tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
-) -> None:
-    # The kubelet starts "b" (served as "a"), then "c" (served as "b"); "a" still comes, and
-    # must find its grant (the real node's burst saw it refused while the record said served).
-    scripted, records = kubelet
-    allocator, _, api = plugin(
-        tmp_path,
-        pod("a", 1, card="0"),
-        pod("b", 2, card="0"),
-        pod("c", 3, card="0"),
-        records=records,
-    )
+    third = [f"0-{i}" for i in range(2 * UNITS, 3 * UNITS)]
     scripted.known = {"b": GRANT, "c": LATER}
     assert await allocate(allocator, GRANT) == ("a", "0")
     assert await allocate(allocator, LATER) == ("b", "0")
-    await allocator.sought()
-    assert sorted(await marked(allocator, api, 2)) == ["b", "c"]
-    assert await allocate(allocator) == ("a", "0")
+    await allocator.confirmed()
+    assert cache.to_mark.empty()  # neither grant went to its guess
+    cache._apply("MODIFIED", pod("b", 2, card="0", admitted=True))
+    cache._apply("MODIFIED", pod("c", 3, card="0", admitted=True))
+    scripted.known = {"b": GRANT, "c": LATER, "a": third}
+    assert await allocate(allocator, third) == ("a", "0")
+    await allocator.confirmed()
+    assert sorted(await marked(allocator, api, 3)) == ["a", "b", "c"]
 
 
 @pytest.mark.asyncio
-async def test_a_guess_deleted_before_the_lookup_is_not_kept_to_serve_again(
-    tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
-) -> None:
-    scripted, records = kubelet
-    allocator, cache, api = plugin(
-        tmp_path, pod("a", 1, card="0"), pod("b", 2, card="0"), records=records
-    )
-    scripted.known = {"a": [], "b": GRANT}
-    assert await allocate(allocator, GRANT) == ("a", "0")
-    cache._apply("DELETED", pod("a", 1, card="0"))
-    await allocator.sought()
-    assert await marked(allocator, api, 1) == ["b"]
-    cache._apply("ADDED", pod("c", 3, card="0"))
-    assert await allocate(allocator) == ("c", "0")
-
-
-@pytest.mark.asyncio
-async def test_a_grant_the_kubelet_records_a_moment_after_the_answer_is_still_found(
+async def test_a_grant_the_kubelet_records_a_moment_after_the_answer_is_still_confirmed(
     tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
 ) -> None:
     scripted, records = kubelet
@@ -488,26 +457,22 @@ async def test_a_grant_the_kubelet_records_a_moment_after_the_answer_is_still_fo
 
     recording = asyncio.create_task(records_it())
     assert await allocate(allocator, GRANT) == ("a", "0")
-    await allocator.sought()
+    await allocator.confirmed()
     await recording
     assert await marked(allocator, api, 1) == ["a"]
     assert len(scripted.asked) > 1
 
 
 @pytest.mark.asyncio
-async def test_a_grant_nobody_holds_in_the_records_waits_for_the_pods_status(
+async def test_a_grant_the_records_never_show_waits_for_the_pods_status(
     tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
 ) -> None:
     scripted, records = kubelet
-    allocator, cache, api = plugin(
-        tmp_path, pod("a", 1, card="0"), pod("b", 2, card="0"), records=records
-    )
+    allocator, cache, api = plugin(tmp_path, pod("a", 1, card="0"), records=records)
     scripted.known = {"a": []}  # e.g. its grant went to a plain init container
     assert await allocate(allocator, GRANT) == ("a", "0")
-    await allocator.sought()
+    await allocator.confirmed()
     assert cache.to_mark.empty()
-    assert set(scripted.asked) == {"a", "b"}
-    assert scripted.asked.count("b") == 1  # unknown to the kubelet: not asked again
     cache._apply("MODIFIED", pod("a", 1, card="0", admitted=True))
     assert await marked(allocator, api, 1) == ["a"]
 
@@ -528,9 +493,9 @@ async def test_a_kubelet_without_the_records_is_asked_again_only_after_a_quiet_s
     scripted.broken = grpc.StatusCode.UNAVAILABLE
     with structlog.testing.capture_logs() as logged:
         assert await allocate(allocator) == ("a", "0")
-        await allocator.sought()
+        await allocator.confirmed()
         assert await allocate(allocator) == ("b", "0")
-        await allocator.sought()
+        await allocator.confirmed()
     assert cache.to_mark.empty()
     failed = [e for e in logged if e["event"] == "pod_resources_failed"]
     assert len(failed) == 1
@@ -541,7 +506,7 @@ async def test_a_kubelet_without_the_records_is_asked_again_only_after_a_quiet_s
     scripted.broken = None
     scripted.known = {"c": GRANT}
     assert await allocate(allocator, GRANT) == ("c", "0")
-    await allocator.sought()
+    await allocator.confirmed()
     assert await marked(allocator, api, 1) == ["c"]
 
 
@@ -566,13 +531,13 @@ async def test_a_kubelet_without_get_is_never_asked_again_and_says_so(
     scripted.broken, scripted.details = code, details
     with structlog.testing.capture_logs() as logged:
         assert await allocate(allocator) == ("a", "0")
-        await allocator.sought()
+        await allocator.confirmed()
     missing = [e for e in logged if e["event"] == "pod_resources_get_missing"]
     assert len(missing) == 1
     assert "KubeletPodResourcesGet" in missing[0]["fix"]
     assert not [e for e in logged if e["event"] == "pod_resources_failed"]
     assert await allocate(allocator) == ("b", "0")
-    await allocator.sought()
+    await allocator.confirmed()
     assert scripted.asked == ["a"]
 
 
@@ -591,6 +556,6 @@ async def test_the_kubelet_s_rate_limit_is_waited_out(
 
     lifting = asyncio.create_task(limit_lifts())
     assert await allocate(allocator, GRANT) == ("a", "0")
-    await allocator.sought()
+    await allocator.confirmed()
     await lifting
     assert await marked(allocator, api, 1) == ["a"]
