@@ -63,7 +63,8 @@ class PluginConfig:
     proc_root: Path = Path("/proc")
     """Where the processes of the node are seen (the DaemonSet runs with hostPID)."""
     pod_resources_socket: Path | None = DEFAULT_POD_RESOURCES_SOCKET
-    """The kubelet's pod-resources API, asked which pod took a grant; None: not asked."""
+    """The kubelet's pod-resources API, asked whether the pod served took its grant; None:
+    not asked."""
 
     @property
     def limits(self) -> LimitSettings | None:
@@ -268,9 +269,9 @@ OPTIONS = (
         env="GPUSHARE_POD_RESOURCES_SOCKET",
         flag="--pod-resources-socket",
         parse=_path_or_none,
-        help="the kubelet's pod-resources socket, asked which pod took a grant (it is marked "
-        "gpu-assigned at once); empty: not asked, a pod is marked once its status shows it "
-        "admitted",
+        help="the kubelet's pod-resources socket, asked whether the pod served took its grant "
+        "(it is then marked gpu-assigned at once); empty: not asked, a pod is marked once its "
+        "status shows it admitted",
     ),
     Option(
         field="log_level",
