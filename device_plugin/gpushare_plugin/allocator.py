@@ -1,15 +1,14 @@
 """Allocate and GetPreferredAllocation: the shared model decides, this module does the I/O.
 
 The decision (which pod, which container, which card, which env) is
-`gpushare.model.allocation.match_container`. Here: wait for the watch cache when the pod is
-not in it yet, and record the containers served. Allocate writes nothing: `gpu-assigned` is
-set once it is known which pod took a grant (the call names device ids, not the pod): at
-once when the kubelet's pod-resources records, asked after the answer (`PodResources`), show
-the ids on the guessed pod; else when a pod's status shows the kubelet admitted it
-(`mark_started` writes it either way). Until then the operator keeps pods of the same
-request on the pod's card (the exactness rule), so whichever of them the kubelet starts with
-a grant, the grant names its card; and a start never waits on the apiserver or on the
-records.
+`gpushare.model.allocation.match_container`. Here: read the kubelet's pod-resources records
+(`PodResources`: which pod it is admitting), wait for the watch cache when the pod is not in
+it yet, and record the containers served. Allocate writes nothing itself: `gpu-assigned`
+(`mark_started`) follows at once for a pod the records named, else once its status shows the
+kubelet admitted it (the call names device ids, not the pod: a guess may have been served
+under another pod's name). Without the records the operator keeps pods of the same request
+on one card (the exactness rule), so whichever of them the kubelet starts, the grant names its
+card; a start never waits on the apiserver.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from gpushare.kube import ApiError
 from gpushare.kube.retry import WRITE, retry, transient
 from gpushare.model.allocation import (
     ContainerGrant,
+    KubeletView,
     NoCandidate,
     Unservable,
     match_container,
@@ -45,9 +45,30 @@ MARK_AGAIN_S = 2.0
 """The wait before a gpu-assigned write the apiserver did not take is tried again."""
 FORBIDDEN = 403
 
+RECORDS_AGAIN_S = 0.05
+"""While the kubelet's records could not be read, how soon a call that found no pod reads
+them again."""
+
 BYPASS_WAIT_S = 0.3
 """The watch's grace when the pod being started is most likely one no scheduler placed: its
 refusal (GetPreferredAllocation, then Allocate) comes within a second."""
+
+
+@dataclass(frozen=True, slots=True)
+class Matched:
+    grants: list[ContainerGrant]
+    watch_wait_s: float
+    records_s: float
+    """Spent reading the kubelet's records."""
+    identified: bool
+    """The kubelet's records named the pod (else: the oldest of its request, a guess)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Preferred:
+    ids: tuple[frozenset[str], ...]
+    """The ids answered, per container request."""
+    grants: tuple[ContainerGrant, ...]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -82,11 +103,14 @@ class Allocator:
         self._wait_s = wait_s
         self._schedulers = schedulers
         self._kubelet_records = kubelet_records
-        self._confirming: set[asyncio.Task[None]] = set()
+        self._preferred: dict[GpuKind, Preferred] = {}
+        """The pods the kubelet's records named in the last GetPreferredAllocation."""
         self._lock = asyncio.Lock()  # one decision at a time: `served` is read, then written
         self._log = logs.get("allocate", node=table.node)
 
-    def _match(self, kind: GpuKind, counts: Sequence[int]) -> list[ContainerGrant]:
+    def _match(
+        self, kind: GpuKind, counts: Sequence[int], kubelet: KubeletView | None
+    ) -> list[ContainerGrant]:
         """Grants for each container request of one call, in order (a kubelet sends one)."""
         served = dict(self._pods.served)
         inventory = self._table.inventory()
@@ -102,25 +126,36 @@ class Allocator:
                 schedulers=self._schedulers,
                 limits=self._limits,
                 reopened=frozenset(self._pods.reopened),
+                kubelet=kubelet,
+                one_card_or_none=self._table.identifies_pods,
             )
             served[grant.pod.uid] = grant.position + 1
             grants.append(grant)
         return grants
 
-    async def _match_waiting(
-        self, kind: GpuKind, counts: Sequence[int]
-    ) -> tuple[list[ContainerGrant], float]:
+    async def _kubelet_view(self, kind: GpuKind) -> KubeletView | None:
+        if self._kubelet_records is None:
+            return None
+        return await self._kubelet_records.view(kind.value)
+
+    async def _match_waiting(self, kind: GpuKind, counts: Sequence[int]) -> Matched:
         """Match, giving the watch up to `wait_s` to deliver a pod the kubelet saw first (half
         way through, the node's pods are listed again); only `BYPASS_WAIT_S` when a pod no
         scheduler placed, of that size, is on the node: the kubelet is most likely starting
-        it, and every pod behind it waits on this lock. Also the seconds waited for the
-        watch."""
+        it, and every pod behind it waits on this lock. The kubelet's records are read again
+        for each try."""
         started = time.monotonic()
         await asyncio.wait_for(self._pods.synced.wait(), timeout=self._wait_s)
         listed_again = False
+        records_s = 0.0
         while True:
+            asked = time.monotonic()
+            kubelet = await self._kubelet_view(kind)
+            records_s += time.monotonic() - asked
             try:
-                return self._match(kind, counts), time.monotonic() - started
+                grants = self._match(kind, counts, kubelet)
+                waited = time.monotonic() - started - records_s
+                return Matched(grants, waited, records_s, kubelet is not None)
             except Unservable:
                 raise  # its pod is here: no watch event will help
             except NoCandidate:
@@ -140,7 +175,25 @@ class Allocator:
                     self._log.info("watch_late", resource=kind.value, waited_s=round(waited, 3))
                     self._pods.list_again()
                 until = wait_s if unplaced or listed_again else wait_s / 2
+                if kubelet is None and self._kubelet_records is not None:
+                    # Unread records (its rate limit): read them again soon, whatever the watch.
+                    until = min(until, waited + RECORDS_AGAIN_S)
                 await self._pods.wait_change(until - waited)
+
+    def _as_preferred(self, kind: GpuKind, requests: Sequence[Sequence[str]]) -> Matched | None:
+        """The pods the kubelet's records named in the GetPreferredAllocation just before, if
+        this call takes the ids preferred there and they still wait: the kubelet asks both
+        for a container in a row, and admits one container at a time."""
+        preferred = self._preferred.pop(kind, None)
+        if preferred is None or preferred.ids != tuple(frozenset(ids) for ids in requests):
+            return None
+        named = KubeletView(
+            {(g.pod.namespace, g.pod.name): ({g.container: 0},) for g in preferred.grants}
+        )
+        try:
+            return Matched(self._match(kind, [len(ids) for ids in requests], named), 0, 0, True)
+        except NoCandidate:
+            return None
 
     async def allocate(
         self, kind: GpuKind, requests: Sequence[Sequence[str]]
@@ -153,7 +206,10 @@ class Allocator:
         try:
             async with self._lock:
                 locked_s = time.perf_counter() - started
-                grants, watch_wait_s = await self._match_waiting(kind, counts)
+                matched = self._as_preferred(kind, requests) or await self._match_waiting(
+                    kind, counts
+                )
+                grants = matched.grants
                 for grant in grants:
                     self._pods.served[grant.pod.uid] = grant.position + 1
                     if grant.pod.uid in self._pods.reopened and grant.last:
@@ -182,12 +238,16 @@ class Allocator:
                     # Where a start's time goes (bench/realnode.py reads these).
                     allocate_ms=round((time.perf_counter() - started) * 1000, 2),
                     lock_wait_ms=round(locked_s * 1000, 2),
-                    watch_wait_ms=round(watch_wait_s * 1000, 2),
+                    watch_wait_ms=round(matched.watch_wait_s * 1000, 2),
+                    records_ms=round(matched.records_s * 1000, 2),
+                    identified=matched.identified,
                 )
-            if self._kubelet_records is not None and grants[-1].last:
-                asking = asyncio.create_task(self._confirm(kind, grants[-1], requests[-1]))
-                self._confirming.add(asking)
-                asking.add_done_callback(self._confirming.discard)
+            if matched.identified and grants[-1].last:
+                # The kubelet's records named the pod: it is the one starting, whatever
+                # other pods of its request do.
+                started_pod = self._pods.get(grants[-1].pod.uid)
+                if started_pod is not None and started_pod.active:
+                    self._pods.to_mark.put_nowait(started_pod)
             result = "ok"
             return grants
         except NoCandidate as refusal:
@@ -204,34 +264,7 @@ class Allocator:
             self._metrics.allocations.labels(kind.value, result).inc()
             self._metrics.allocate_latency.labels(kind.value).observe(time.perf_counter() - started)
 
-    async def _confirm(self, kind: GpuKind, grant: ContainerGrant, ids: Sequence[str]) -> None:
-        """After the answer: if the kubelet's records show the guessed pod holding `ids` (its
-        last container's grant), it took its own grant and is marked gpu-assigned now. A
-        grant another pod took is left to the pods' status (`PodCache._admitted`), which
-        moves the record; so is one the records cannot show."""
-        assert self._kubelet_records is not None  # only asked with records to ask
-        answered = time.perf_counter()
-        if not await self._kubelet_records.holds(kind.value, ids, grant.pod):
-            return
-        pod = self._pods.get(grant.pod.uid)
-        if pod is None or not pod.active:
-            return
-        self._log.info(
-            "grant_confirmed",
-            pod=str(grant.pod),
-            after_ms=round((time.perf_counter() - answered) * 1000, 2),
-        )
-        self._pods.to_mark.put_nowait(pod)
-
-    async def confirmed(self) -> None:
-        """Until the kubelet's records, asked about the grants answered so far, have said."""
-        await asyncio.gather(*self._confirming, return_exceptions=True)
-
     async def close(self) -> None:
-        """Stop the questions to the kubelet's records, then close them."""
-        for asking in self._confirming:
-            asking.cancel()
-        await self.confirmed()
         if self._kubelet_records is not None:
             await self._kubelet_records.close()
 
@@ -280,20 +313,27 @@ class Allocator:
         started = time.perf_counter()
         async with self._lock:
             locked_s = time.perf_counter() - started
+            self._preferred.pop(kind, None)
             try:
-                grants, watch_wait_s = await self._match_waiting(kind, [r.size for r in requests])
+                matched = await self._match_waiting(kind, [r.size for r in requests])
             except NoCandidate:
                 return [list(r.available[: r.size]) for r in requests]
-        for grant in grants:
+            answer = [
+                preferred_device_ids(grant, kind, r.available, r.must_include, r.size)
+                for grant, r in zip(matched.grants, requests, strict=True)
+            ]
+            if matched.identified:
+                self._preferred[kind] = Preferred(
+                    tuple(frozenset(ids) for ids in answer), tuple(matched.grants)
+                )
+        for grant in matched.grants:
             self._log.info(
                 "devices preferred",
                 pod=str(grant.pod),
                 container=grant.container,
                 preferred_ms=round((time.perf_counter() - started) * 1000, 2),
                 lock_wait_ms=round(locked_s * 1000, 2),
-                watch_wait_ms=round(watch_wait_s * 1000, 2),
+                watch_wait_ms=round(matched.watch_wait_s * 1000, 2),
+                records_ms=round(matched.records_s * 1000, 2),
             )
-        return [
-            preferred_device_ids(grant, kind, r.available, r.must_include, r.size)
-            for grant, r in zip(grants, requests, strict=True)
-        ]
+        return answer

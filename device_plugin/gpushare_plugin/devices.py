@@ -22,6 +22,10 @@ class DeviceTable:
         self.node = node
         self.cards = tuple(sorted(cards, key=lambda c: c.index))
         self.unit_mib = unit_mib
+        self.identifies_pods = False
+        """Whether the kubelet's pod-resources records say which pod each Allocate is for
+        (read at start-up): published, so that the operator need not keep pods of one
+        request on one card here."""
         self.version = 0
         self._unhealthy: frozenset[str] = frozenset()
         self._changed = asyncio.Condition()
@@ -80,7 +84,12 @@ class DeviceTable:
             if card.numa_node is not None:
                 entry["numaNode"] = card.numa_node
             cards.append(entry)
-        return {"cards": cards, "memoryUnitMiB": self.unit_mib, "pluginVersion": plugin_version}
+        return {
+            "cards": cards,
+            "memoryUnitMiB": self.unit_mib,
+            "pluginVersion": plugin_version,
+            "identifiesPods": self.identifies_pods,
+        }
 
     def inventory(self) -> NodeInventory:
         """This node's cards as the shared model reads a GPUNode spec (one code path)."""

@@ -86,6 +86,14 @@ async def run(config: PluginConfig, stop: asyncio.Event) -> int:
         metrics.serve(config.metrics_port)
         async with await api_client(config.kubeconfig) as client:
             api = PluginApi(client)
+            kubelet_records = (
+                None
+                if config.pod_resources_socket is None
+                else PodResources(config.pod_resources_socket, config.node_name)
+            )
+            if kubelet_records is not None:
+                table.identifies_pods = await kubelet_records.readable()
+                log.info("kubelet_records", identifies_pods=table.identifies_pods)
             publisher = InventoryPublisher(
                 api=api, table=table, plugin_version=version("kube-gpushare")
             )
@@ -97,11 +105,6 @@ async def run(config: PluginConfig, stop: asyncio.Event) -> int:
                 if await pause(delay, stop):
                     return 0
             pods = PodCache(api, config.node_name)
-            kubelet_records = (
-                None
-                if config.pod_resources_socket is None
-                else PodResources(config.pod_resources_socket, config.node_name)
-            )
             allocator = Allocator(
                 table=table,
                 pods=pods,

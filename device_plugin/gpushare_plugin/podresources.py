@@ -1,90 +1,76 @@
-"""Whether the guessed pod took a grant, from the kubelet's own records (pod-resources `Get`).
+"""Which pod an Allocate is for, from the kubelet's own records (pod-resources `List`).
 
-Allocate names device ids, never the pod, so the plugin serves its best guess (the oldest pod
-of that request; the exactness rule keeps them on one card, so the guess names the right
-card). The kubelet records the ids as the container's the moment Allocate's answer reaches it
-(the device manager's `allocateContainerResources`), so, asked after the answer, `Get` on the
-guessed pod shows whether it took them. Only a yes is acted on (the pod is marked
-gpu-assigned at once); a grant another pod took, one to a plain init container (`Get` lists
-sidecars and app containers only), or any error leaves the pods' status to say, as before.
+Allocate names device ids, never the pod. The kubelet adds a pod to its pod manager just
+before admitting it, admits one pod at a time, and records a container's ids once Allocate
+has answered: so, read during the call, its records show the pod it is admitting as the one
+it knows whose container holds no device yet (`KubeletView`). `List` is served by every
+kubelet since 1.20 (`Get` needed a feature gate until 1.34). The plugin asks once at start-up
+(`readable`): if the records can be read, its GPUNode says `identifiesPods` and the operator
+lets pods of one request take different cards on the node.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Sequence
+from collections import defaultdict
 from pathlib import Path
 
 import grpc
 
 from gpushare import logs
 from gpushare.kube.retry import KUBELET_RECORDS, retry
-from gpushare.model.usage import PodRef
+from gpushare.model.allocation import KubeletView
 from gpushare_plugin._proto.podresources_v1 import api_pb2, api_pb2_grpc
 
-GET_TIMEOUT_S = 0.5
-FIRST_ASK_AFTER_S = 0.005
-"""The answer is on its way when the lookup starts; the kubelet records the ids once it
-arrives."""
+LIST_TIMEOUT_S = 0.5
 QUIET_AFTER_FAILURE_S = 10.0
-"""After the API failed (no socket, no answer), how long it is not asked."""
-
-
-class NotRecorded(Exception):
-    """The pod does not hold the ids (yet)."""
-
-
-class NotKnown(Exception):
-    """The kubelet does not know the pod: it did not admit it, so it took no grant."""
+"""After the records could not be read (no socket, no answer; not its rate limit), how long
+they are not asked: calls meanwhile are answered as without them."""
 
 
 class PodResources:
-    """The kubelet's pod-resources API on `socket`, asked whether a pod holds a grant."""
+    """The kubelet's pod-resources API on `socket`."""
 
     def __init__(self, socket: Path, node: str) -> None:
         self._socket = socket
         self._channel: grpc.aio.Channel | None = None
         self._stub: api_pb2_grpc.PodResourcesListerStub | None = None
-        self._unsupported = False
         self._quiet_until = 0.0
         self._log = logs.get("podresources", node=node)
 
-    async def holds(self, resource: str, device_ids: Sequence[str], pod: PodRef) -> bool:
-        """Whether the kubelet's records show `pod` holding `device_ids` of `resource`,
-        within `KUBELET_RECORDS`' tries; False too when they cannot be read."""
-        if self._unsupported or time.monotonic() < self._quiet_until:
-            return False
-        wanted = set(device_ids)
-        await asyncio.sleep(FIRST_ASK_AFTER_S)
+    async def readable(self) -> bool:
+        """Whether the records can be read (asked once, at start-up)."""
+        return await self.view("") is not None
+
+    async def view(self, resource: str) -> KubeletView | None:
+        """The kubelet's records of `resource` now; None when they cannot be read (logged,
+        then not asked for `QUIET_AFTER_FAILURE_S`)."""
+        if time.monotonic() < self._quiet_until:
+            return None
         try:
-            await retry(
-                lambda: self._ask(resource, wanted, pod), KUBELET_RECORDS, retryable=_not_yet
+            answer = await retry(
+                lambda: self._lister().List(
+                    api_pb2.ListPodResourcesRequest(), timeout=LIST_TIMEOUT_S
+                ),
+                KUBELET_RECORDS,
+                retryable=_rate_limited,
             )
-        except (NotRecorded, NotKnown):
-            return False
         except grpc.aio.AioRpcError as error:
             self._failed(error)
-            return False
-        return True
-
-    async def _ask(self, resource: str, wanted: set[str], pod: PodRef) -> None:
-        asked = api_pb2.GetPodResourcesRequest(pod_name=pod.name, pod_namespace=pod.namespace)
-        try:
-            answer = await self._lister().Get(asked, timeout=GET_TIMEOUT_S)
-        except grpc.aio.AioRpcError as error:
-            if _not_found(error):
-                raise NotKnown from None
-            raise
-        held = {
-            device_id
-            for container in answer.pod_resources.containers
-            for devices in container.devices
-            if devices.resource_name == resource
-            for device_id in devices.device_ids
-        }
-        if not held & wanted:
-            raise NotRecorded
+            return None
+        held: defaultdict[tuple[str, str], list[dict[str, int]]] = defaultdict(list)
+        for pod in answer.pod_resources:
+            held[(pod.namespace, pod.name)].append(
+                {
+                    container.name: sum(
+                        len(devices.device_ids)
+                        for devices in container.devices
+                        if devices.resource_name == resource
+                    )
+                    for container in pod.containers
+                }
+            )
+        return KubeletView({key: tuple(listed) for key, listed in held.items()})
 
     def _lister(self) -> api_pb2_grpc.PodResourcesListerStub:
         if self._stub is None:
@@ -94,18 +80,8 @@ class PodResources:
 
     def _failed(self, error: grpc.aio.AioRpcError) -> None:
         if error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
-            # Still over its rate limit after the tries: this grant's status will say.
-            self._log.debug("pod_resources_rate_limited")
-            return
-        if _get_missing(error):
-            self._unsupported = True
-            self._log.warning(
-                "pod_resources_get_missing",
-                socket=str(self._socket),
-                error=f"{error.code().name}: {error.details()}",
-                consequence="pods are marked gpu-assigned once their status shows them admitted",
-                fix="KubeletPodResourcesGet on the kubelet (1.27+; on by default from 1.34)",
-            )
+            # Its rate limit, still, after the tries: the caller reads them again soon.
+            self._log.info("pod_resources_rate_limited", socket=str(self._socket))
             return
         self._quiet_until = time.monotonic() + QUIET_AFTER_FAILURE_S
         self._log.warning(
@@ -113,6 +89,8 @@ class PodResources:
             socket=str(self._socket),
             error=f"{error.code().name}: {error.details()}",
             quiet_s=QUIET_AFTER_FAILURE_S,
+            consequence="calls are answered by the oldest pod of the request, and refused "
+            "while pods of that request hold different cards",
             fix="mount the kubelet's pod-resources folder into the plugin (the chart does), "
             "or set --pod-resources-socket",
         )
@@ -122,22 +100,9 @@ class PodResources:
             await self._channel.close()
 
 
-def _not_found(error: grpc.aio.AioRpcError) -> bool:
-    """The kubelet answers a pod it does not know with a plain error (code UNKNOWN)."""
-    return error.code() is grpc.StatusCode.UNKNOWN and "not found" in (error.details() or "")
-
-
-def _get_missing(error: grpc.aio.AioRpcError) -> bool:
-    """A kubelet without `Get` (before 1.27), or with it turned off: "PodResources API Get
-    method disabled", a plain error too."""
-    return error.code() is grpc.StatusCode.UNIMPLEMENTED or (
-        error.code() is grpc.StatusCode.UNKNOWN and "disabled" in (error.details() or "")
-    )
-
-
-def _not_yet(error: Exception) -> bool:
-    """Worth asking again: the kubelet has not recorded the ids yet, or its rate limit."""
-    return isinstance(error, NotRecorded) or (
+def _rate_limited(error: Exception) -> bool:
+    """Worth asking again: the kubelet's rate limit (its other clients count too)."""
+    return (
         isinstance(error, grpc.aio.AioRpcError)
         and error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
     )

@@ -130,7 +130,7 @@ def start_components(cluster: RealCluster, pids: dict[str, int]) -> None:
     install(cluster.add_node(REAL_NODE), kubeconfig)
     name, cards = FAKE_NODE
     asyncio.run(_create_fake_node(kubeconfig, name))
-    plugin_dir = directory / f"dp-{name}"
+    plugin_dir = directory / f"dp-{name}" / "device-plugins"
     kubelet = KubeletHarness(
         node=name,
         kubeconfig=kubeconfig,

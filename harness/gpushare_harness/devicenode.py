@@ -55,13 +55,14 @@ async def start_device_node(
         )
     # Short: a unix socket path has at most 107 bytes, and pytest's tmp_path is long.
     folder = Path(tempfile.mkdtemp(prefix=f"dp-{name[:20]}-"))
+    plugin_dir = folder / "device-plugins"  # its kubelet's pod-resources socket beside it
     kubelet = KubeletHarness(
-        node=name, kubeconfig=kubeconfig, plugin_dir=folder, log=logs / f"{name}-kubelet.log"
+        node=name, kubeconfig=kubeconfig, plugin_dir=plugin_dir, log=logs / f"{name}-kubelet.log"
     )
     plugin = PluginProcess(
         node=name,
         kubeconfig=plugin_kubeconfig,
-        socket_dir=folder,
+        socket_dir=plugin_dir,
         fake_gpus=cards,
         log=logs / f"{name}-plugin.log",
         args=plugin_args,

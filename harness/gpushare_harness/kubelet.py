@@ -5,8 +5,10 @@ The device manager serves kubelet.sock at the kubelet's fixed path,
 /var/lib/kubelet/device-plugins/. Each fake node gets its own folder bound over that path in
 a namespace of its own (`unshare --mount`, which needs root, as a kubelet does), so several
 nodes run side by side on one machine while the device plugin, outside, is pointed at the
-folder with --socket-dir. Restarting it is a kubelet restart: the new manager deletes the
-plugin sockets and serves a new kubelet.sock, exactly as on a real node.
+folder with --socket-dir. Its pod-resources API is served beside that folder, as a real
+kubelet's is beside /var/lib/kubelet/device-plugins (`plugin.pod_resources_socket`): each
+node's folder needs a parent of its own. Restarting it is a kubelet restart: the new manager
+deletes the plugin sockets and serves a new kubelet.sock, exactly as on a real node.
 
 Its stdout is JSON lines: `capacity` (copied to the Node's status), `started` (a container's
 env and device ids from the kubelet's run options), `rejected` (Allocate failed; the pod is
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpushare_harness.binaries import ensure_binaries
+from gpushare_harness.plugin import pod_resources_socket
 from gpushare_harness.process import LoggedProcess
 
 KUBELET_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
@@ -56,7 +59,8 @@ class KubeletHarness(LoggedProcess):
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         KUBELET_PLUGIN_DIR.mkdir(parents=True, exist_ok=True)
         script = (
-            f'mount --bind "$1" {KUBELET_PLUGIN_DIR} && exec "$2" --node "$3" --kubeconfig "$4"'
+            f'mount --bind "$1" {KUBELET_PLUGIN_DIR} && exec "$2" --node "$3" --kubeconfig "$4" '
+            f'--pod-resources-socket "$5"'
         )
         argv = [
             "unshare",
@@ -71,6 +75,7 @@ class KubeletHarness(LoggedProcess):
             str(binary),
             self.node,
             str(self.kubeconfig),
+            str(pod_resources_socket(self.plugin_dir)),
         ]
         self._spawn(argv, dict(os.environ), stderr=self.stderr)
         return self

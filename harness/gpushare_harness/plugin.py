@@ -10,6 +10,14 @@ from pathlib import Path
 from gpushare_harness.process import LoggedProcess
 
 
+def pod_resources_socket(plugin_dir: Path) -> Path:
+    """Where the kubelet whose device-plugins folder is `plugin_dir` serves its pod-resources
+    API (a real kubelet: /var/lib/kubelet/pod-resources; `kubelet-devices` the same beside
+    its node's folder; absent beside a stand-in kubelet: the plugin then says so every 10 s at
+    most and identifies no pod)."""
+    return plugin_dir.parent / "pod-resources" / "kubelet.sock"
+
+
 class PluginProcess(LoggedProcess):
     name = "device-plugin"
 
@@ -39,12 +47,7 @@ class PluginProcess(LoggedProcess):
             "NODE_NAME": self.node,
             "KUBECONFIG": str(self.kubeconfig),
             "GPUSHARE_SOCKET_DIR": str(self.socket_dir),
-            # Where the kubelet whose device-plugins folder this is keeps its pod-resources
-            # socket (absent beside a stand-in kubelet: the plugin says so every 10 s at most
-            # and marks pods after their status).
-            "GPUSHARE_POD_RESOURCES_SOCKET": str(
-                self.socket_dir.parent / "pod-resources" / "kubelet.sock"
-            ),
+            "GPUSHARE_POD_RESOURCES_SOCKET": str(pod_resources_socket(self.socket_dir)),
             "GPUSHARE_FAKE_GPUS": self.fake_gpus,
             "GPUSHARE_METRICS_PORT": "0",
             "PYTHONUNBUFFERED": "1",

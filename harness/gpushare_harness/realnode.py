@@ -430,13 +430,18 @@ class RealNode:
         )
         return "default/kubernetes:https" in rules.stdout
 
-    def _record(self) -> None:
-        """The pids and paths `cleanup` needs, beside the node and in the registry."""
-        pids = {
+    def pids(self) -> dict[str, int]:
+        """The node's own processes that run, by name (the namespace holder, containerd, the
+        kubelet, kube-proxy)."""
+        return {
             proc.name: proc.pid
             for proc in (self._holder, self._containerd, self.kubelet, self._kube_proxy)
             if proc.running
         }
+
+    def _record(self) -> None:
+        """The pids and paths `cleanup` needs, beside the node and in the registry."""
+        pids = self.pids()
         route = None
         if self.pod_subnet is not None:
             route = {"subnet": self.pod_subnet, "via": self.address, "dev": self.network.bridge}

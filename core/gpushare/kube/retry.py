@@ -10,7 +10,7 @@ The policies, by what is tried again:
 | `bind_policy(...)` | the scheduler's Binding | the live backoff settings | 5 |
 | `WRITE` | Events, PodScheduled, evictions, `gpu-assigned` | 0.5 s to 4 s | 5 |
 | `READ` | the CLI's reads | 0.25 s to 2 s | 8 |
-| `KUBELET_RECORDS` | the plugin asking the kubelet if a grant was taken | 5 ms to 0.16 s | 7 |
+| `KUBELET_RECORDS` | the plugin asking the kubelet which pod it is admitting | 5 ms to 0.16 s | 7 |
 | `PUBLISH` | written once before serving: GPUNode, webhook Secret | 0.5 s to 5 s | until done |
 | `REGISTER` | the device plugin's sockets and registration | 1 s to 30 s | until done |
 | `WATCH` | a reflector's LIST and WATCH | 0.5 s to 30 s | until done |
@@ -94,9 +94,9 @@ report (the device plugin queues a `gpu-assigned` again after it)."""
 READ = RetryPolicy("read", Backoff(0.25, 2.0), attempts=8)
 """About 10 s: an apiserver starting or overloaded."""
 KUBELET_RECORDS = RetryPolicy("kubelet-records", Backoff(0.005, 0.16), attempts=7)
-"""Asking the kubelet's pod-resources records whether a pod took its grant: it records the ids as
-soon as Allocate's answer reaches it, and answers 100 calls a second in bursts of 10 (a
-token comes back every 10 ms); about 0.3 s of tries, then the pod's status says."""
+"""Reading the kubelet's pod-resources records during an Allocate or GetPreferredAllocation:
+it answers 100 calls a second in bursts of 10 (a token comes back every 10 ms), shared with
+its other clients; about 0.3 s of tries."""
 PUBLISH = RetryPolicy("publish", Backoff(0.5, 5.0))
 REGISTER = RetryPolicy("register", Backoff(1.0, 30.0))
 WATCH = RetryPolicy("watch", Backoff(0.5, 30.0))

@@ -7,8 +7,11 @@ terminating: a pod already part-served first (the kubelet admits one pod's conta
 row), then the oldest `predicate-time`; the first whose next GPU container (in the kubelet's
 order: init containers, then app containers) asks for exactly the requested device count.
 The operator's exactness rule makes that choice safe: two such pods with equal requests on
-this node are on the same card. A pod without `gpu-index` is never a candidate, and an
-annotation naming a card the node lacks fails the call: no card is ever guessed.
+this node are on the same card. Where the kubelet's pod-resources records can be read
+(`KubeletView`), they say which pod it is: the one the kubelet knows whose container holds
+no device yet; the operator then lets pods of one request take different cards on the node.
+A pod without `gpu-index` is never a candidate, and an annotation naming a card the node
+lacks fails the call: no card is ever guessed.
 """
 
 from __future__ import annotations
@@ -58,6 +61,32 @@ class Unservable(NoCandidate):
     no later watch event makes it servable (the placement annotations cannot change)."""
 
 
+@dataclass(frozen=True, slots=True)
+class KubeletView:
+    """The kubelet's pod-resources records (`List`) read during one call, for one resource:
+    per pod it knows (namespace, name), per listed container, how many device ids of the
+    resource it holds; a name twice when the kubelet knows two pods of that name (one
+    replacing another).
+
+    The kubelet adds a pod to its pod manager just before admitting it, admits one pod at a
+    time, and records a container's ids once Allocate has answered; so the pod an Allocate is
+    for is the one it knows whose container holds none yet. It lists sidecars and app
+    containers only: for a plain init container (allocated first), none of the pod's listed
+    containers may hold any."""
+
+    held: Mapping[tuple[str, str], tuple[Mapping[str, int], ...]]
+
+    def admitting(self, pod: BoundPod, container: str) -> bool:
+        """Whether the kubelet may be admitting `pod`'s `container` now."""
+        for listed in self.held.get((pod.ref.namespace, pod.ref.name), ()):
+            if container in listed:
+                if listed[container] == 0:
+                    return True
+            elif not any(listed.values()):
+                return True
+        return False
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ContainerGrant:
     """What one Allocate gives one container."""
@@ -94,11 +123,19 @@ def match_container(
     schedulers: frozenset[str] = frozenset({contract.DEFAULT_SCHEDULER_NAME}),
     limits: LimitSettings | None = None,
     reopened: frozenset[PodUid] = frozenset(),
+    kubelet: KubeletView | None = None,
+    one_card_or_none: bool = False,
 ) -> ContainerGrant:
     """The container this Allocate of `count` `kind` devices is for; NoCandidate if none.
 
     `reopened`: pods this plugin served whose grant the kubelet gave another pod of the same
     request (`swapped_with`): candidates again, whatever their `gpu-assigned` says.
+
+    `kubelet`: what its records say, when they could be read: only a pod it may be admitting
+    is a candidate, and if that leaves several on different cards (one it rejected, say),
+    NoCandidate until they tell them apart. `one_card_or_none` (the node told the operator
+    that its plugin identifies pods, so pods of one request may hold different cards): without
+    the records, a guess is made only when every candidate holds the same card.
 
     `served` counts the GPU containers of each pod already answered by this plugin. Only
     pods that `schedulers` (the names the gpushare operator serves) bound with a Binding are
@@ -129,21 +166,57 @@ def match_container(
             p.ref.name,
         )
     )
-    for pod in waiting:
-        assert pod.request is not None  # filtered above; narrows the type
-        order = kubelet_order(pod.request)
+    fitting = [
+        pod
+        for pod in waiting
+        if (container := _next_container(pod, served)).amount == count
+        and (kubelet is None or kubelet.admitting(pod, container.name))
+    ]
+    if fitting:
+        pod = fitting[0]
         position = served.get(pod.ref.uid, 0)
-        container = order[position]
-        if container.amount != count:
-            continue
         if position == 0:  # a part-served pod is surely the one the kubelet is admitting
+            if kubelet is not None or one_card_or_none:
+                _refuse_if_cards_differ(fitting, node=inventory.node, kind=kind, count=count)
             _refuse_if_ambiguous(
-                pod, pods, node=inventory.node, kind=kind, count=count, schedulers=schedulers
+                pod,
+                [p for p in pods if kubelet is None or kubelet.admitting(p, "")],
+                node=inventory.node,
+                kind=kind,
+                count=count,
+                schedulers=schedulers,
             )
         return container_grant(pod, position, inventory, listing=listing, limits=limits)
     raise _no_candidate(
-        pods, waiting, kind=kind, count=count, inventory=inventory, schedulers=schedulers
+        pods,
+        waiting,
+        kind=kind,
+        count=count,
+        inventory=inventory,
+        schedulers=schedulers,
+        not_started=kubelet is not None
+        and any(_next_container(p, served).amount == count for p in waiting),
     )
+
+
+def _next_container(pod: BoundPod, served: Mapping[PodUid, int]) -> ContainerRequest:
+    assert pod.request is not None  # candidates ask for a GPU
+    return kubelet_order(pod.request)[served.get(pod.ref.uid, 0)]
+
+
+def _refuse_if_cards_differ(
+    candidates: Sequence[BoundPod], *, node: str, kind: GpuKind, count: int
+) -> None:
+    """NoCandidate while the call may be for pods on different cards: a guess would give one
+    pod another's card."""
+    cards = {p.gpu_index for p in candidates}
+    if len(cards) > 1:
+        raise NoCandidate(
+            f"{len(candidates)} pods on node {node} asking for {count} {kind.value} hold "
+            f"different cards and the kubelet's pod-resources records do not tell which one it "
+            f"is starting, so no card is given on a guess; the device plugin's log names them",
+            pods=candidates,
+        )
 
 
 def container_grant(
@@ -347,7 +420,10 @@ def _no_candidate(
     count: int,
     inventory: NodeInventory,
     schedulers: frozenset[str],
+    not_started: bool = False,
 ) -> NoCandidate:
+    """Why no pod matched. `not_started`: pods of that count wait, but the kubelet's records
+    say it is starting none of them."""
     head = f"no pod bound to node {inventory.node} waits for a container of {count} {kind.value}"
     unplaced = unplaced_pods(pods, kind=kind, schedulers=schedulers)
     if unplaced:
@@ -356,6 +432,14 @@ def _no_candidate(
             f"{kind.value} without {contract.GPU_INDEX} from the gpushare scheduler, so no card "
             f"was chosen for them. {_UNPLACED_FIX}",
             pods=unplaced,
+        )
+    if not_started:
+        return NoCandidate(
+            f"the kubelet of node {inventory.node} is starting none of the pods placed there "
+            f"that wait for {count} {kind.value}, by its pod-resources records: the pod it "
+            f"starts is not in the device plugin's watch yet, or was not placed by the gpushare "
+            f"scheduler (check its spec.schedulerName and {contract.GPU_INDEX})",
+            pods=waiting,
         )
     if waiting:
         return NoCandidate(

@@ -13,7 +13,7 @@ the unit pod limits are written in.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import NewType
 
@@ -57,6 +57,9 @@ class NodeInventory:
     unit_mib: int
     """MiB per memory unit (the device plugin's memory factor)."""
     source: InventorySource
+    identifies_pods: bool = False
+    """The node's device plugin learns from the kubelet which pod each Allocate is for
+    (GPUNode `spec.identifiesPods`): the exactness rule need not hold its cards back."""
 
     def card(self, index: CardIndex) -> Card | None:
         for card in self.cards:
@@ -99,9 +102,7 @@ def node_inventory(node: Body, resource: Body | None = None) -> NodeInventory | 
             )
             for c in inventory.cards
         )
-        inventory = NodeInventory(
-            node=name, cards=cards, unit_mib=inventory.unit_mib, source=inventory.source
-        )
+        inventory = replace(inventory, cards=cards)
     return inventory
 
 
@@ -158,11 +159,17 @@ def inventory_from_spec(name: NodeName, spec: Body) -> NodeInventory | None:
         raise InvalidInventory(f"{who}: a card index appears twice; each card must be listed once")
     if not cards:
         return None
+    identifies_pods = spec.get("identifiesPods", False)
+    if not isinstance(identifies_pods, bool):
+        raise InvalidInventory(
+            f"{who}: spec.identifiesPods {identifies_pods!r} must be true or false"
+        )
     return NodeInventory(
         node=name,
         cards=tuple(sorted(cards, key=lambda c: c.index)),
         unit_mib=unit,
         source=InventorySource.RESOURCE,
+        identifies_pods=identifies_pods,
     )
 
 

@@ -9,7 +9,9 @@
 // status, admits the pods bound to the node (Allocate for every container, init containers
 // first), marks them Running (or Failed with UnexpectedAdmissionError, as the kubelet does),
 // finishes the deletion of terminating pods, renews the node's Lease as a kubelet's heartbeat
-// (so that a controller-manager's node lifecycle keeps it Ready), and prints one JSON line per
+// (so that a controller-manager's node lifecycle keeps it Ready), serves the kubelet's
+// pod-resources API (its own server code; a pod is known from the start of its admission, as
+// the kubelet's pod manager adds it just before admitting it), and prints one JSON line per
 // outcome on stdout.
 package main
 
@@ -18,13 +20,16 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sort"
 	"sync"
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -37,6 +42,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
+	apisgrpc "k8s.io/kubernetes/pkg/kubelet/apis/grpc"
+	"k8s.io/kubernetes/pkg/kubelet/apis/podresources"
 	"k8s.io/kubernetes/pkg/kubelet/cm/containermap"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
@@ -80,6 +88,117 @@ type kubelet struct {
 	queue    workqueue.TypedRateLimitingInterface[types.UID]
 	byUID    sync.Map                // UID -> namespace/name
 	admitted map[types.UID]admission // decided once; the status is written until it sticks
+	known    knownPods               // the pod manager: pods whose admission has begun
+}
+
+// knownPods is the kubelet's pod manager as the pod-resources API reads it: a pod is added
+// just before its admission, and stays until it is deleted; one rejected or finished is not
+// active.
+type knownPods struct {
+	mu   sync.Mutex
+	pods map[types.UID]*v1.Pod
+	done map[types.UID]bool
+}
+
+func (p *knownPods) add(pod *v1.Pod) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.pods[pod.UID] = pod
+}
+
+func (p *knownPods) finish(uid types.UID, remove bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.done[uid] = true
+	if remove {
+		delete(p.pods, uid)
+		delete(p.done, uid)
+	}
+}
+
+func (p *knownPods) GetPods() []*v1.Pod {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pods := make([]*v1.Pod, 0, len(p.pods))
+	for _, pod := range p.pods {
+		pods = append(pods, pod)
+	}
+	return pods
+}
+
+func (p *knownPods) GetActivePods() []*v1.Pod {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pods := make([]*v1.Pod, 0, len(p.pods))
+	for uid, pod := range p.pods {
+		if !p.done[uid] {
+			pods = append(pods, pod)
+		}
+	}
+	return pods
+}
+
+func (p *knownPods) GetPodByName(namespace, name string) (*v1.Pod, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, pod := range p.pods {
+		if pod.Namespace == namespace && pod.Name == name {
+			return pod, true
+		}
+	}
+	return nil, false
+}
+
+// devices answers the pod-resources API from the device manager, as the kubelet's container
+// manager does (without topology: the fake cards have none).
+type devices struct{ manager *devicemanager.ManagerImpl }
+
+func (d devices) UpdateAllocatedDevices() { d.manager.UpdateAllocatedDevices() }
+
+func (d devices) GetDevices(podUID, containerName string) []*podresourcesapi.ContainerDevices {
+	var held []*podresourcesapi.ContainerDevices
+	for resource, instances := range d.manager.GetDevices(podUID, containerName) {
+		for id := range instances {
+			held = append(held, &podresourcesapi.ContainerDevices{ResourceName: resource, DeviceIds: []string{id}})
+		}
+	}
+	return held
+}
+
+func (d devices) GetAllocatableDevices() []*podresourcesapi.ContainerDevices { return nil }
+
+type noOtherResources struct{}
+
+func (noOtherResources) GetCPUs(string, string) []int64                              { return nil }
+func (noOtherResources) GetAllocatableCPUs() []int64                                 { return nil }
+func (noOtherResources) GetMemory(string, string) []*podresourcesapi.ContainerMemory { return nil }
+func (noOtherResources) GetAllocatableMemory() []*podresourcesapi.ContainerMemory    { return nil }
+func (noOtherResources) GetDynamicResources(*v1.Pod, *v1.Container) []*podresourcesapi.DynamicResource {
+	return nil
+}
+
+// servePodResources serves the kubelet's v1 pod-resources server, with its rate limit, on
+// socket until ctx ends.
+func (k *kubelet) servePodResources(ctx context.Context, socket string) error {
+	if err := os.MkdirAll(filepath.Dir(socket), 0o755); err != nil {
+		return err
+	}
+	_ = os.Remove(socket)
+	listener, err := net.Listen("unix", socket)
+	if err != nil {
+		return err
+	}
+	server := grpc.NewServer(apisgrpc.WithRateLimiter(ctx, "podresources", podresources.DefaultQPS, podresources.DefaultBurstTokens))
+	providers := podresources.PodResourcesProviders{
+		Pods: &k.known, Devices: devices{k.manager}, Cpus: noOtherResources{},
+		Memory: noOtherResources{}, DynamicResources: noOtherResources{},
+	}
+	podresourcesapi.RegisterPodResourcesListerServer(server, podresources.NewV1PodResourcesServer(ctx, providers))
+	go func() {
+		<-ctx.Done()
+		server.Stop()
+	}()
+	return server.Serve(listener)
 }
 
 // admission is the kubelet's verdict on a pod, written to its status (retried on failure).
@@ -93,6 +212,7 @@ func main() {
 	kubeconfig := flag.String("kubeconfig", "", "kubeconfig of the apiserver")
 	node := flag.String("node", "", "name of the Node this kubelet acts for")
 	interval := flag.Duration("status-interval", time.Second, "how often capacity is copied to the Node")
+	podResourcesSocket := flag.String("pod-resources-socket", "", "where to serve the pod-resources API (none if empty)")
 	klog.InitFlags(nil)
 	flag.Parse()
 	if *node == "" || *kubeconfig == "" {
@@ -122,6 +242,7 @@ func main() {
 		pods:     informer.GetIndexer(),
 		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[types.UID]()),
 		admitted: map[types.UID]admission{},
+		known:    knownPods{pods: map[types.UID]*v1.Pod{}, done: map[types.UID]bool{}},
 	}
 	enqueue := func(obj any) {
 		if pod, ok := obj.(*v1.Pod); ok {
@@ -142,6 +263,13 @@ func main() {
 	defer stop()
 	factory.Start(ctx.Done())
 	factory.WaitForCacheSync(ctx.Done())
+	if *podResourcesSocket != "" {
+		go func() {
+			if err := k.servePodResources(ctx, *podResourcesSocket); err != nil && ctx.Err() == nil {
+				klog.Fatalf("pod-resources API on %s: %v", *podResourcesSocket, err)
+			}
+		}()
+	}
 	go k.copyCapacity(ctx, *interval)
 	go k.heartbeat(ctx)
 	worker := make(chan struct{})
@@ -289,6 +417,7 @@ func (k *kubelet) sync(ctx context.Context, uid types.UID) error {
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return err
 		}
+		k.known.finish(uid, true)
 		emit(outcome{Event: "deleted", Pod: who, UID: string(uid)})
 		return nil
 	}
@@ -301,7 +430,9 @@ func (k *kubelet) sync(ctx context.Context, uid types.UID) error {
 	if pod.Status.Phase != v1.PodPending {
 		return nil
 	}
-	// The kubelet's admission: the device manager allocates every container, init first.
+	// The kubelet's admission: its pod manager knows the pod from now on; the device manager
+	// allocates every container, init first.
+	k.known.add(pod)
 	for _, containers := range [][]v1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
 		for i := range containers {
 			if err := k.manager.Allocate(pod, &containers[i]); err != nil {
@@ -346,6 +477,9 @@ func (k *kubelet) sync(ctx context.Context, uid types.UID) error {
 // decide records the verdict (never taken again) and writes it to the pod's status.
 func (k *kubelet) decide(ctx context.Context, pod *v1.Pod, verdict admission) error {
 	k.admitted[pod.UID] = verdict
+	if verdict.phase == v1.PodFailed {
+		k.known.finish(pod.UID, false)
+	}
 	return k.setStatus(ctx, pod, verdict)
 }
 

@@ -419,7 +419,17 @@ class SchedulerCache:
     def card_check(self, request: PodRequest, namespace: str) -> ExactnessCheck:
         """The exactness rule for a pod of `namespace` with `request`, at this moment."""
         timeout_s = self._config().assignment_timeout_s
-        return self._pins.check(request, namespace, now=self._clock(), timeout_s=timeout_s)
+        return self._pins.check(
+            request,
+            namespace,
+            now=self._clock(),
+            timeout_s=timeout_s,
+            identifies_pods=self._identifies_pods,
+        )
+
+    def _identifies_pods(self, node: NodeName) -> bool:
+        inventory = self._gpus.get(node)
+        return isinstance(inventory, NodeInventory) and inventory.identifies_pods
 
     def requested(self, node: NodeName) -> Mapping[str, int]:
         return self._requested.get(node, {})

@@ -5,11 +5,13 @@ request signature, both not yet `gpu-assigned`, must hold the same card; otherwi
 plugin could not tell them apart. A bound pod that waits for its assignment is a `Pin`; while
 it waits, other cards of its node are held back for pods of its signature, until it is
 assigned or `assignment_timeout_s` has passed (then they go ahead, and the scheduler says so).
+A node whose device plugin learns the pod from the kubelet's records (its GPUNode says
+`identifiesPods`) holds nothing back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gpushare.model import CardIndex, GpuKind, NodeName, PodRef, PodRequest
@@ -60,9 +62,16 @@ class Pins:
         self._progress.pop(node, None)
 
     def check(
-        self, request: PodRequest, namespace: str, *, now: float, timeout_s: float
+        self,
+        request: PodRequest,
+        namespace: str,
+        *,
+        now: float,
+        timeout_s: float,
+        identifies_pods: Callable[[NodeName], bool],
     ) -> ExactnessCheck:
-        """The rule for a pod of `namespace` with `request`, at `now`."""
+        """The rule for a pod of `namespace` with `request`, at `now`; none on a node where
+        `identifies_pods`."""
         return ExactnessCheck(
             self._pins.get(request.signature, {}),
             request.kind,
@@ -70,6 +79,7 @@ class Pins:
             progress=self._progress,
             now=now,
             timeout_s=timeout_s,
+            identifies_pods=identifies_pods,
         )
 
 
@@ -87,8 +97,10 @@ class ExactnessCheck:
         progress: Mapping[NodeName, float],
         now: float,
         timeout_s: float,
+        identifies_pods: Callable[[NodeName], bool],
     ) -> None:
         self._pins = pins
+        self._identifies_pods = identifies_pods
         self._gpu_kind = gpu_kind
         self._namespace = namespace
         self._progress = progress
@@ -121,6 +133,8 @@ class ExactnessCheck:
 
     def _rule(self, node: NodeName) -> tuple[frozenset[CardIndex], str] | None:
         """For `node`: None (no live wait), or (the only cards allowed, why the rest are not)."""
+        if self._identifies_pods(node):
+            return None
         allowed: frozenset[CardIndex] | None = None
         waiting: Pin | None = None
         for uid, pin in self._pins.get(node, {}).items():

@@ -9,6 +9,7 @@ from builders import gpu_pod, gpunode_resource
 
 from gpushare.model import contract
 from gpushare.model.allocation import (
+    KubeletView,
     NoCandidate,
     match_container,
     preferred_device_ids,
@@ -439,3 +440,89 @@ def test_a_grant_the_kubelet_gave_another_pod_of_the_same_request_is_served_agai
     )
     assert grant.pod.name == "second"
     assert grant.env[contract.ENV_VISIBLE_DEVICES] == "0"
+
+
+def test_the_kubelet_s_records_name_the_pod_it_is_admitting_whatever_its_age() -> None:
+    pods = [placed("old", 10, index="0", at=1), placed("young", 10, index="1", at=2)]
+    admitting_young = KubeletView({("default", "young"): ({"cuda-container": 0},)})
+    grant = match_container(
+        pods, {}, kind=MEMORY, count=10, inventory=inventory([100, 100]), kubelet=admitting_young
+    )
+    assert (grant.pod.name, grant.env["NVIDIA_VISIBLE_DEVICES"]) == ("young", "1")
+    # A pod it knows whose container holds devices was admitted before: not this call's.
+    both_known = KubeletView(
+        {
+            ("default", "old"): ({"cuda-container": 10},),
+            ("default", "young"): ({"cuda-container": 0},),
+        }
+    )
+    grant = match_container(
+        pods, {}, kind=MEMORY, count=10, inventory=inventory([100, 100]), kubelet=both_known
+    )
+    assert grant.pod.name == "young"
+
+
+def test_pods_the_kubelet_is_not_starting_are_not_served_and_the_reason_says_so() -> None:
+    pods = [placed("a", 10, index="0"), placed("b", 10, index="1")]
+    with pytest.raises(NoCandidate, match="is starting none of the pods placed there"):
+        match_container(
+            pods,
+            {},
+            kind=MEMORY,
+            count=10,
+            inventory=inventory([100, 100]),
+            kubelet=KubeletView({}),
+        )
+
+
+def test_two_pods_the_kubelet_may_be_starting_on_different_cards_get_no_card() -> None:
+    pods = [placed("a", 10, index="0"), placed("b", 10, index="1")]
+    unstarted = KubeletView(
+        {("default", "a"): ({"cuda-container": 0},), ("default", "b"): ({"cuda-container": 0},)}
+    )
+    with pytest.raises(NoCandidate, match="hold different cards") as refusal:
+        match_container(
+            pods, {}, kind=MEMORY, count=10, inventory=inventory([100, 100]), kubelet=unstarted
+        )
+    assert refusal.value.pods == ("default/a", "default/b")
+    # Without the records, a node that lets such pods hold different cards gets no guess.
+    with pytest.raises(NoCandidate, match="hold different cards"):
+        match_container(
+            pods, {}, kind=MEMORY, count=10, inventory=inventory([100, 100]), one_card_or_none=True
+        )
+    same_card = [placed("a", 10, index="0"), placed("b", 10, index="0")]
+    grant = match_container(
+        same_card, {}, kind=MEMORY, count=10, inventory=inventory([100]), one_card_or_none=True
+    )
+    assert grant.pod.name == "a"
+
+
+def test_a_plain_init_container_is_being_started_while_the_pod_s_listed_ones_hold_nothing() -> None:
+    # The kubelet lists app containers and sidecars only, and allocates init containers first.
+    pod = placed("p", 10, init=[container("warm", {contract.GPU_MEMORY: "5"})])
+    unstarted = KubeletView({("default", "p"): ({"cuda-container": 0},)})
+    assert unstarted.admitting(pod, "warm")
+    started = KubeletView({("default", "p"): ({"cuda-container": 10},)})
+    assert not started.admitting(pod, "warm")
+
+
+def test_a_pod_known_twice_by_name_is_being_started_if_either_holds_nothing() -> None:
+    # A pod replaced under its name (a StatefulSet's) while the kubelet still knows the old.
+    pod = placed("web-0", 10)
+    view = KubeletView({("default", "web-0"): ({"cuda-container": 10}, {"cuda-container": 0})})
+    assert view.admitting(pod, "cuda-container")
+
+
+def test_a_part_served_pod_goes_on_whatever_other_pods_of_its_size_hold() -> None:
+    # Its first container was served: the kubelet is admitting it, container after container.
+    two = placed("two", 10, index="0", extra=[container("b", {contract.GPU_MEMORY: "10"})])
+    other = placed("other", 10, index="1", at=0)
+    grant = match_container(
+        [two, other],
+        {PodUid("two"): 1},
+        kind=MEMORY,
+        count=10,
+        inventory=inventory([100, 100]),
+        one_card_or_none=True,
+    )
+    assert (grant.pod.name, grant.container) == ("two", "b")

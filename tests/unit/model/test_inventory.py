@@ -160,3 +160,18 @@ def test_inconsistent_resources_are_refused(
 
 def test_a_resource_without_cards_means_no_gpu() -> None:
     assert node_inventory(node(GUIDE_CAPACITY), gpunode([])) is None
+
+
+def test_a_gpunode_says_whether_its_plugin_identifies_pods_and_nothing_else_passes() -> None:
+    cards = [{"index": 0, "uuid": "GPU-0", "memoryMiB": 1024}]
+    resource = gpunode(cards)
+    found = node_inventory(node(), resource)
+    assert found is not None
+    assert found.identifies_pods is False  # an older plugin
+    resource["spec"]["identifiesPods"] = True
+    found = node_inventory(node(), resource)
+    assert found is not None
+    assert found.identifies_pods is True
+    resource["spec"]["identifiesPods"] = "yes"
+    with pytest.raises(InvalidInventory, match=r"spec\.identifiesPods 'yes' must be true or false"):
+        node_inventory(node(), resource)

@@ -61,6 +61,30 @@ def test_the_exactness_rule_holds_other_cards_until_assignment() -> None:
     assert c.card_check(request, "default")(NodeName("n"), CardIndex(1)) is None
 
 
+def test_a_node_whose_device_plugin_identifies_pods_holds_no_card_back() -> None:
+    # Its plugin learns the pod of each Allocate from the kubelet's records (GPUNode
+    # spec.identifiesPods): pods of one request may wait on different cards there.
+    clock = [1000.0]
+    c = cache(clock)
+    gpunode = {
+        "metadata": {"name": "n"},
+        "spec": {
+            "cards": [
+                {"index": 0, "uuid": "GPU-0", "memoryMiB": 10000},
+                {"index": 1, "uuid": "GPU-1", "memoryMiB": 10000},
+            ],
+            "identifiesPods": True,
+        },
+    }
+    c.observe_gpunode(gpunode)
+    c.observe_pod(PodInfo.parse(gpu_pod("a", 6000, node="n", index="0", uid="ua")))
+    request = gpu_request(gpu_pod("b", 6000))
+    assert c.card_check(request, "default")(NodeName("n"), CardIndex(1)) is None
+    gpunode["spec"]["identifiesPods"] = False  # type: ignore[index]  # an older plugin
+    c.observe_gpunode(gpunode)
+    assert c.card_check(request, "default")(NodeName("n"), CardIndex(1)) is not None
+
+
 def test_the_assignment_wait_runs_out() -> None:
     clock = [1000.0]
     c = cache(clock)

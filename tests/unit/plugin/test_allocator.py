@@ -70,11 +70,13 @@ class Api:
         self.wrote.set()
 
 
-def pod(name: str, at: int, *, card: str, admitted: bool = False) -> Any:
+def pod(name: str, at: int, *, card: str, admitted: bool = False, phase: str = "") -> Any:
     body = gpu_pod(name, UNITS, node="n", index=card, uid=name)
     body["metadata"]["annotations"][contract.PREDICATE_TIME] = str(at)
     if admitted:
         body["status"]["containerStatuses"] = [{"name": "cuda-container"}]
+    if phase:
+        body["status"]["phase"] = phase
     return bound_pod(body)
 
 
@@ -104,12 +106,15 @@ def plugin(
     wait_s: float = 0.2,
     api: Api | None = None,
     records: PodResources | None = None,
+    identifies_pods: bool = False,
 ) -> tuple[Allocator, PodCache, Api]:
     """An allocator over two 1024-unit cards; its pod cache holds `pods`, or, given an `api`,
-    what that apiserver lists once the cache runs; `records`: the kubelet's to ask."""
+    what that apiserver lists once the cache runs; `records`: the kubelet's to ask;
+    `identifies_pods`: what its GPUNode told the operator."""
     spec = tmp_path / "cards.yaml"
     spec.write_text(yaml.safe_dump({"cards": [{"memoryMiB": 1024}, {"memoryMiB": 1024}]}))
     table = DeviceTable(node="n", cards=FakeDiscovery(f"@{spec}", node="n").cards(), unit_mib=1)
+    table.identifies_pods = identifies_pods
     listed_here = api is None
     api = api or Api()
     cache = PodCache(api, "n")  # type: ignore[arg-type]
@@ -318,41 +323,43 @@ async def test_a_start_s_wait_for_the_watch_is_told_in_the_log_with_each_call_s_
 
 
 class Kubelet(records_grpc.PodResourcesListerServicer):
-    """The kubelet's pod-resources `Get`, as 1.36 answers it: `known` maps the pods it knows to
-    the ids their container holds (empty: admitted, none recorded yet); an unknown pod is an
-    error naming it. `broken`: every call fails with this code."""
+    """The kubelet's pod-resources `List`, as 1.36 answers it: `known` maps the pods in its pod
+    manager to the ids their container holds (none: being admitted, or not yet recorded).
+    `broken`: every call fails with this code."""
 
     def __init__(self) -> None:
         self.known: dict[str, list[str]] = {}
         self.broken: grpc.StatusCode | None = None
-        self.details = "scripted"
-        self.asked: list[str] = []
+        self.asked = 0
 
-    async def Get(  # the gRPC method's name
+    async def List(  # the gRPC method's name
         self,
-        request: records_pb2.GetPodResourcesRequest,
+        request: records_pb2.ListPodResourcesRequest,
         context: grpc.aio.ServicerContext[Any, Any],
-    ) -> records_pb2.GetPodResourcesResponse:
-        self.asked.append(request.pod_name)
+    ) -> records_pb2.ListPodResourcesResponse:
+        self.asked += 1
         if self.broken is not None:
-            await context.abort(self.broken, self.details)
-        if request.pod_name not in self.known:
-            await context.abort(
-                grpc.StatusCode.UNKNOWN,
-                f"pod {request.pod_name} in namespace {request.pod_namespace} not found",
-            )
-        ids = self.known[request.pod_name]
-        devices = [records_pb2.ContainerDevices(resource_name=contract.GPU_MEMORY, device_ids=ids)]
-        return records_pb2.GetPodResourcesResponse(
-            pod_resources=records_pb2.PodResources(
-                name=request.pod_name,
-                namespace=request.pod_namespace,
-                containers=[
-                    records_pb2.ContainerResources(
-                        name="cuda-container", devices=devices if ids else []
-                    )
-                ],
-            )
+            await context.abort(self.broken, "scripted")
+        return records_pb2.ListPodResourcesResponse(
+            pod_resources=[
+                records_pb2.PodResources(
+                    name=name,
+                    namespace="default",
+                    containers=[
+                        records_pb2.ContainerResources(
+                            name="cuda-container",
+                            devices=[
+                                records_pb2.ContainerDevices(
+                                    resource_name=contract.GPU_MEMORY, device_ids=ids
+                                )
+                            ]
+                            if ids
+                            else [],
+                        )
+                    ],
+                )
+                for name, ids in self.known.items()
+            ]
         )
 
 
@@ -374,111 +381,111 @@ async def kubelet(tmp_path: Path) -> AsyncIterator[tuple[Kubelet, PodResources]]
 
 
 GRANT = [f"0-{i}" for i in range(UNITS)]
-LATER = [f"0-{i}" for i in range(UNITS, 2 * UNITS)]
 
 
 @pytest.mark.asyncio
-async def test_a_pod_the_kubelet_records_with_its_own_grant_is_marked_at_once(
+async def test_the_pod_the_kubelet_is_admitting_gets_its_own_card_and_is_marked_at_once(
     tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
 ) -> None:
     scripted, records = kubelet
     allocator, _, api = plugin(
-        tmp_path, pod("a", 1, card="0"), pod("b", 2, card="0"), records=records
+        tmp_path, pod("a", 1, card="0"), pod("b", 2, card="1"), records=records
     )
-    scripted.known = {"a": GRANT}
+    scripted.known = {"b": []}  # admitting "b", the younger; "a" not yet known
     with structlog.testing.capture_logs() as logged:
-        assert await allocate(allocator, GRANT) == ("a", "0")
-        await allocator.confirmed()
-    assert await marked(allocator, api, 1) == ["a"]  # before its status shows it admitted
-    assert [e["pod"] for e in logged if e["event"] == "grant_confirmed"] == ["default/a"]
-    assert scripted.asked == ["a"]
+        assert await allocate(allocator) == ("b", "1")
+    assert await marked(allocator, api, 1) == ["b"]  # before its status shows it admitted
+    (allocated,) = [e for e in logged if e["event"] == "container allocated"]
+    assert allocated["identified"] is True
 
 
 @pytest.mark.asyncio
-async def test_a_grant_the_kubelet_gave_another_pod_is_left_to_the_pods_status(
+async def test_pods_of_one_request_on_different_cards_start_in_any_order_each_on_its_own(
     tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
 ) -> None:
     scripted, records = kubelet
-    allocator, cache, api = plugin(
-        tmp_path, pod("a", 1, card="0"), pod("b", 2, card="0"), records=records
-    )
-    scripted.known = {"b": GRANT}  # the kubelet admitted "b" first; "a" is not known yet
-    assert await allocate(allocator, GRANT) == ("a", "0")
-    await allocator.confirmed()
-    assert cache.to_mark.empty()
-    assert scripted.asked == ["a"]  # not known: not asked again
-    cache._apply("MODIFIED", pod("b", 2, card="0", admitted=True))
-    assert await marked(allocator, api, 1) == ["b"]
-    scripted.known = {"b": GRANT, "a": LATER}
-    assert await allocate(allocator, LATER) == ("a", "0")  # served again, under its name
-    await allocator.confirmed()
-    assert await marked(allocator, api, 2) == ["b", "a"]
-
-
-@pytest.mark.asyncio
-async def test_grants_taken_down_a_chain_leave_every_pod_its_start(
-    tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
-) -> None:
-    # The kubelet starts "b" (served as "a"), then "c" (served as "b"), then "a": each start
-    # finds a grant (a real node's burst once saw "a" refused here).
-    scripted, records = kubelet
-    allocator, cache, api = plugin(
+    allocator, _, api = plugin(
         tmp_path,
         pod("a", 1, card="0"),
-        pod("b", 2, card="0"),
+        pod("b", 2, card="1"),
         pod("c", 3, card="0"),
         records=records,
+        identifies_pods=True,
     )
-    third = [f"0-{i}" for i in range(2 * UNITS, 3 * UNITS)]
-    scripted.known = {"b": GRANT, "c": LATER}
-    assert await allocate(allocator, GRANT) == ("a", "0")
-    assert await allocate(allocator, LATER) == ("b", "0")
-    await allocator.confirmed()
-    assert cache.to_mark.empty()  # neither grant went to its guess
-    cache._apply("MODIFIED", pod("b", 2, card="0", admitted=True))
-    cache._apply("MODIFIED", pod("c", 3, card="0", admitted=True))
-    scripted.known = {"b": GRANT, "c": LATER, "a": third}
-    assert await allocate(allocator, third) == ("a", "0")
-    await allocator.confirmed()
+    started = []
+    for name in ("c", "b", "a"):  # the kubelet's own order
+        scripted.known[name] = []
+        started.append(await allocate(allocator))
+        scripted.known[name] = GRANT
+    assert started == [("c", "0"), ("b", "1"), ("a", "0")]
     assert sorted(await marked(allocator, api, 3)) == ["a", "b", "c"]
 
 
 @pytest.mark.asyncio
-async def test_a_grant_the_kubelet_records_a_moment_after_the_answer_is_still_confirmed(
+async def test_a_pod_the_kubelet_admits_before_the_watch_shows_it_waits_for_the_watch(
     tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
 ) -> None:
     scripted, records = kubelet
-    allocator, _, api = plugin(tmp_path, pod("a", 1, card="0"), records=records)
-    scripted.known = {"a": []}
-
-    async def records_it() -> None:
-        await asyncio.sleep(0.05)
-        scripted.known = {"a": GRANT}
-
-    recording = asyncio.create_task(records_it())
-    assert await allocate(allocator, GRANT) == ("a", "0")
-    await allocator.confirmed()
-    await recording
-    assert await marked(allocator, api, 1) == ["a"]
-    assert len(scripted.asked) > 1
+    allocator, cache, _ = plugin(
+        tmp_path, pod("a", 1, card="0"), records=records, identifies_pods=True, wait_s=5
+    )
+    scripted.known = {"late": []}
+    starting = asyncio.create_task(allocate(allocator))
+    await asyncio.sleep(0.1)
+    assert not starting.done()  # "a" is not the pod being started: never served in its place
+    cache._apply("ADDED", pod("late", 2, card="1"))
+    assert await starting == ("late", "1")
 
 
 @pytest.mark.asyncio
-async def test_a_grant_the_records_never_show_waits_for_the_pods_status(
+async def test_two_unstarted_pods_the_kubelet_knows_on_different_cards_get_no_card_on_a_guess(
     tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
 ) -> None:
+    # A kubelet before 1.34 lists pods it rejected too: "b" was refused by another admission
+    # check a moment ago, and its Failed status is on its way.
     scripted, records = kubelet
-    allocator, cache, api = plugin(tmp_path, pod("a", 1, card="0"), records=records)
-    scripted.known = {"a": []}  # e.g. its grant went to a plain init container
-    assert await allocate(allocator, GRANT) == ("a", "0")
-    await allocator.confirmed()
-    assert cache.to_mark.empty()
-    cache._apply("MODIFIED", pod("a", 1, card="0", admitted=True))
-    assert await marked(allocator, api, 1) == ["a"]
+    allocator, cache, _ = plugin(
+        tmp_path,
+        pod("a", 1, card="0"),
+        pod("b", 2, card="1"),
+        records=records,
+        identifies_pods=True,
+        wait_s=5,
+    )
+    scripted.known = {"a": [], "b": []}
+    starting = asyncio.create_task(allocate(allocator))
+    await asyncio.sleep(0.1)
+    assert not starting.done()
+    cache._apply("MODIFIED", pod("b", 2, card="1", phase="Failed"))
+    assert await starting == ("a", "0")
 
 
 @pytest.mark.asyncio
-async def test_a_kubelet_without_the_records_is_asked_again_only_after_a_quiet_spell(
+async def test_without_the_records_pods_of_one_request_on_different_cards_get_no_card(
+    tmp_path: Path, kubelet: tuple[Kubelet, PodResources], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The node told the operator that its plugin identifies pods; the records then fail.
+    scripted, records = kubelet
+    monkeypatch.setattr(podresources_module, "QUIET_AFTER_FAILURE_S", 0.3)
+    scripted.broken = grpc.StatusCode.UNAVAILABLE
+    allocator, cache, _ = plugin(
+        tmp_path,
+        pod("a", 1, card="0"),
+        pod("b", 2, card="1"),
+        records=records,
+        identifies_pods=True,
+    )
+    with pytest.raises(NoCandidate, match="hold different cards"):
+        await allocate(allocator)
+    cache._apply("DELETED", pod("b", 2, card="1"))
+    with structlog.testing.capture_logs() as logged:
+        assert await allocate(allocator) == ("a", "0")  # one card: the guess is safe
+    (allocated,) = [e for e in logged if e["event"] == "container allocated"]
+    assert allocated["identified"] is False
+
+
+@pytest.mark.asyncio
+async def test_records_that_cannot_be_read_are_asked_again_only_after_a_quiet_spell(
     tmp_path: Path, kubelet: tuple[Kubelet, PodResources], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     scripted, records = kubelet
@@ -493,52 +500,18 @@ async def test_a_kubelet_without_the_records_is_asked_again_only_after_a_quiet_s
     scripted.broken = grpc.StatusCode.UNAVAILABLE
     with structlog.testing.capture_logs() as logged:
         assert await allocate(allocator) == ("a", "0")
-        await allocator.confirmed()
         assert await allocate(allocator) == ("b", "0")
-        await allocator.confirmed()
-    assert cache.to_mark.empty()
+    assert cache.to_mark.empty()  # guesses: marked once their status shows them admitted
     failed = [e for e in logged if e["event"] == "pod_resources_failed"]
     assert len(failed) == 1
     assert "UNAVAILABLE" in failed[0]["error"]
     assert "mount the kubelet's pod-resources folder" in failed[0]["fix"]
-    assert scripted.asked == ["a"]  # the second grant, within the quiet spell: not asked
+    assert scripted.asked == 1  # the second call, within the quiet spell: not asked
     await asyncio.sleep(0.35)
     scripted.broken = None
-    scripted.known = {"c": GRANT}
-    assert await allocate(allocator, GRANT) == ("c", "0")
-    await allocator.confirmed()
+    scripted.known = {"c": []}
+    assert await allocate(allocator) == ("c", "0")
     assert await marked(allocator, api, 1) == ["c"]
-
-
-@pytest.mark.asyncio
-@pytest.mark.parametrize(
-    ("code", "details"),
-    [
-        (grpc.StatusCode.UNIMPLEMENTED, "unknown method Get"),  # a kubelet before 1.27
-        (grpc.StatusCode.UNKNOWN, "PodResources API Get method disabled"),  # the gate off
-    ],
-)
-async def test_a_kubelet_without_get_is_never_asked_again_and_says_so(
-    tmp_path: Path,
-    kubelet: tuple[Kubelet, PodResources],
-    code: grpc.StatusCode,
-    details: str,
-) -> None:
-    scripted, records = kubelet
-    allocator, _, _ = plugin(
-        tmp_path, pod("a", 1, card="0"), pod("b", 2, card="0"), records=records
-    )
-    scripted.broken, scripted.details = code, details
-    with structlog.testing.capture_logs() as logged:
-        assert await allocate(allocator) == ("a", "0")
-        await allocator.confirmed()
-    missing = [e for e in logged if e["event"] == "pod_resources_get_missing"]
-    assert len(missing) == 1
-    assert "KubeletPodResourcesGet" in missing[0]["fix"]
-    assert not [e for e in logged if e["event"] == "pod_resources_failed"]
-    assert await allocate(allocator) == ("b", "0")
-    await allocator.confirmed()
-    assert scripted.asked == ["a"]
 
 
 @pytest.mark.asyncio
@@ -546,16 +519,82 @@ async def test_the_kubelet_s_rate_limit_is_waited_out(
     tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
 ) -> None:
     scripted, records = kubelet
-    allocator, _, api = plugin(tmp_path, pod("a", 1, card="0"), records=records)
+    allocator, _, api = plugin(
+        tmp_path, pod("a", 1, card="0"), pod("b", 2, card="1"), records=records
+    )
     scripted.broken = grpc.StatusCode.RESOURCE_EXHAUSTED
-    scripted.known = {"a": GRANT}
+    scripted.known = {"b": []}
 
     async def limit_lifts() -> None:
         await asyncio.sleep(0.03)
         scripted.broken = None
 
     lifting = asyncio.create_task(limit_lifts())
-    assert await allocate(allocator, GRANT) == ("a", "0")
-    await allocator.confirmed()
+    assert await allocate(allocator) == ("b", "1")
     await lifting
-    assert await marked(allocator, api, 1) == ["a"]
+    assert await marked(allocator, api, 1) == ["b"]
+    assert scripted.asked > 1
+
+
+@pytest.mark.asyncio
+async def test_the_records_are_read_once_at_start_up_to_say_whether_pods_are_identified(
+    kubelet: tuple[Kubelet, PodResources],
+) -> None:
+    scripted, records = kubelet
+    assert await records.readable()
+    scripted.broken = grpc.StatusCode.UNAVAILABLE
+    assert not await records.readable()
+    missing = PodResources(Path("/nonexistent/kubelet.sock"), "n")
+    assert not await missing.readable()
+    await missing.close()
+
+
+@pytest.mark.asyncio
+async def test_a_rate_limit_longer_than_the_tries_holds_the_call_until_the_records_say(
+    tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
+) -> None:
+    # Another client of the kubelet spends its tokens for half a second: pods of one request
+    # on different cards are not guessed, nor refused, meanwhile.
+    scripted, records = kubelet
+    allocator, _, _ = plugin(
+        tmp_path,
+        pod("a", 1, card="0"),
+        pod("b", 2, card="1"),
+        records=records,
+        identifies_pods=True,
+        wait_s=60,  # no pod event comes: the records are read again on their own
+    )
+    scripted.broken = grpc.StatusCode.RESOURCE_EXHAUSTED
+    scripted.known = {"b": []}
+
+    async def limit_lifts() -> None:
+        await asyncio.sleep(0.5)
+        scripted.broken = None
+
+    lifting = asyncio.create_task(limit_lifts())
+    async with asyncio.timeout(10):
+        assert await allocate(allocator) == ("b", "1")
+    await lifting
+
+
+@pytest.mark.asyncio
+async def test_an_allocate_of_the_ids_just_preferred_is_for_the_pod_the_records_named_then(
+    tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
+) -> None:
+    # The kubelet asks GetPreferredAllocation, then Allocate, for one container in a row: the
+    # records are read once for both. A call with other ids (no preference asked) reads them.
+    scripted, records = kubelet
+    allocator, _, _ = plugin(
+        tmp_path, pod("a", 1, card="0"), pod("b", 2, card="1"), records=records
+    )
+    scripted.known = {"b": []}
+    available = [f"{card}-{unit}" for card in (0, 1) for unit in range(2 * UNITS)]
+    asked = [PreferredRequest(available=available, must_include=[], size=UNITS)]
+    (ids,) = await allocator.preferred(GpuKind.MEMORY, asked)
+    assert {device.split("-")[0] for device in ids} == {"1"}
+    assert scripted.asked == 1
+    assert await allocate(allocator, ids) == ("b", "1")
+    assert scripted.asked == 1
+    scripted.known = {"b": ids, "a": []}
+    assert await allocate(allocator, GRANT) == ("a", "0")
+    assert scripted.asked == 2

@@ -131,6 +131,7 @@ class FakeNode:
         self.name = name
         self.cards = logs / f"{name}-cards.yaml"
         self.cards.write_text(yaml.safe_dump({"cards": [{"memoryMiB": CARD}] * CARDS}))
+        folder = folder / "device-plugins"  # its kubelet's pod-resources socket beside it
         self.kubelet = KubeletHarness(
             node=name,
             kubeconfig=plane.kubeconfig,

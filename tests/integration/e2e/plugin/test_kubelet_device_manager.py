@@ -216,7 +216,8 @@ async def test_a_bypassing_pod_never_takes_the_card_of_a_placed_pod_of_the_same_
     await create_pod(core, gpu_pod("bypass", 1024, scheduler="default-scheduler", nodeName="n"))
     await create_pod(core, gpu_pod("good", 1024))
     refused = await asyncio.to_thread(node.kubelet.wait_rejected, "default/bypass")
-    assert "were not placed by the gpushare scheduler" in refused["message"]
+    # Its kubelet's records say which pod it starts, and the reason says what to do.
+    assert "create it with spec.schedulerName set to one the operator serves" in refused["message"]
     assert "default/good" not in refused["message"]  # another pod's name is not shown
     line = await started(node, "good")  # not held up by it
     card = gpu_index(await read_pod(core, "good"))

@@ -928,9 +928,12 @@ async def test_a_burst_of_same_size_pods_runs_each_on_the_card_its_annotation_na
         reasons = [e["reason"] for e in await events_of(core, name)]
         assert "FailedScheduling" not in reasons, name
     assert not seen.reported
-    # The real kubelet's pod-resources records confirmed grants: those pods were marked
-    # gpu-assigned at once (a grant another pod took waits for the pods' status, as above).
-    confirmed = {
-        e["pod"] for e in real.guide.plugin.log_events() if e.get("event") == "grant_confirmed"
+    # The real kubelet's pod-resources records named the pod of every Allocate, and the
+    # node's GPUNode told the operator so (pods of one size need not wait for each other).
+    identified = {
+        e["pod"]
+        for e in real.guide.plugin.log_events()
+        if e.get("event") == "container allocated" and e.get("identified")
     }
-    assert confirmed & {f"default/{n}" for n in names}
+    assert identified >= {f"default/{n}" for n in names}
+    assert [i.identifies_pods for i in cluster] == [True]
