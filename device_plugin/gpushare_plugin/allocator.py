@@ -191,9 +191,19 @@ class Allocator:
             {(g.pod.namespace, g.pod.name): ({g.container: 0},) for g in preferred.grants}
         )
         try:
-            return Matched(self._match(kind, [len(ids) for ids in requests], named), 0, 0, True)
+            grants = self._match(kind, [len(ids) for ids in requests], named)
         except NoCandidate:
             return None
+        for now, then in zip(grants, preferred.grants, strict=True):
+            if now.pod.uid != then.pod.uid:
+                # Deleted and created again under its name since (the records name no uid):
+                # the kubelet is starting the pod that is gone, whose card is not its own now.
+                raise NoCandidate(
+                    f"pod {then.pod} was deleted while the kubelet started it; no card is "
+                    f"given to the pod now of that name, whose own start is still to come",
+                    pods=[],
+                )
+        return Matched(grants, 0, 0, True)
 
     async def allocate(
         self, kind: GpuKind, requests: Sequence[Sequence[str]]

@@ -23,9 +23,15 @@ from gpushare.model.allocation import KubeletView
 from gpushare_plugin._proto.podresources_v1 import api_pb2, api_pb2_grpc
 
 LIST_TIMEOUT_S = 0.5
-QUIET_AFTER_FAILURE_S = 10.0
+QUIET_AFTER_FAILURE_S = 1.0
 """After the records could not be read (no socket, no answer; not its rate limit), how long
 they are not asked: calls meanwhile are answered as without them."""
+LOG_FAILURE_EVERY_S = 10.0
+CHANNEL_OPTIONS = (
+    # A kubelet restarting takes its socket away for seconds: connect again within one.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
 
 
 class PodResources:
@@ -36,6 +42,7 @@ class PodResources:
         self._channel: grpc.aio.Channel | None = None
         self._stub: api_pb2_grpc.PodResourcesListerStub | None = None
         self._quiet_until = 0.0
+        self._logged_failure_at = -LOG_FAILURE_EVERY_S
         self._log = logs.get("podresources", node=node)
 
     async def readable(self) -> bool:
@@ -74,7 +81,9 @@ class PodResources:
 
     def _lister(self) -> api_pb2_grpc.PodResourcesListerStub:
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(f"unix://{self._socket}")
+            self._channel = grpc.aio.insecure_channel(
+                f"unix://{self._socket}", options=CHANNEL_OPTIONS
+            )
             self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)  # type: ignore[no-untyped-call]
         return self._stub
 
@@ -83,7 +92,11 @@ class PodResources:
             # Its rate limit, still, after the tries: the caller reads them again soon.
             self._log.info("pod_resources_rate_limited", socket=str(self._socket))
             return
-        self._quiet_until = time.monotonic() + QUIET_AFTER_FAILURE_S
+        now = time.monotonic()
+        self._quiet_until = now + QUIET_AFTER_FAILURE_S
+        if now - self._logged_failure_at < LOG_FAILURE_EVERY_S:
+            return
+        self._logged_failure_at = now
         self._log.warning(
             "pod_resources_failed",
             socket=str(self._socket),

@@ -69,22 +69,24 @@ class KubeletView:
     replacing another).
 
     The kubelet adds a pod to its pod manager just before admitting it, admits one pod at a
-    time, and records a container's ids once Allocate has answered; so the pod an Allocate is
-    for is the one it knows whose container holds none yet. It lists sidecars and app
-    containers only: for a plain init container (allocated first), none of the pod's listed
-    containers may hold any."""
+    time, and records a container's ids once Allocate has answered; so the pod whose first GPU
+    container an Allocate is for is the one it knows whose containers hold none yet (it lists
+    sidecars and app containers only, not plain init containers). A pod part-served is being
+    admitted container after container: the kubelet knows it."""
 
     held: Mapping[tuple[str, str], tuple[Mapping[str, int], ...]]
 
-    def admitting(self, pod: BoundPod, container: str) -> bool:
-        """Whether the kubelet may be admitting `pod`'s `container` now."""
-        for listed in self.held.get((pod.ref.namespace, pod.ref.name), ()):
-            if container in listed:
-                if listed[container] == 0:
-                    return True
-            elif not any(listed.values()):
-                return True
-        return False
+    def knows(self, pod: BoundPod) -> bool:
+        return _key(pod) in self.held
+
+    def unstarted(self, pod: BoundPod) -> bool:
+        """Whether the kubelet knows `pod` and none of its listed containers holds a device
+        of the resource yet: it may be admitting the pod's first GPU container now."""
+        return any(not any(listed.values()) for listed in self.held.get(_key(pod), ()))
+
+
+def _key(pod: BoundPod) -> tuple[str, str]:
+    return (pod.ref.namespace, pod.ref.name)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -166,12 +168,14 @@ def match_container(
             p.ref.name,
         )
     )
-    fitting = [
-        pod
-        for pod in waiting
-        if (container := _next_container(pod, served)).amount == count
-        and (kubelet is None or kubelet.admitting(pod, container.name))
-    ]
+    fitting = [pod for pod in waiting if _next_container(pod, served).amount == count]
+    if kubelet is not None:
+        # A part-served pod the records do not show was served on a guess (they could not be
+        # read then): the kubelet took that grant for the pod it is admitting, which is now
+        # the one to go on with.
+        fitting = [p for p in fitting if _may_be_admitting(kubelet, p, served)] or [
+            p for p in fitting if served.get(p.ref.uid, 0)
+        ]
     if fitting:
         pod = fitting[0]
         position = served.get(pod.ref.uid, 0)
@@ -180,7 +184,7 @@ def match_container(
                 _refuse_if_cards_differ(fitting, node=inventory.node, kind=kind, count=count)
             _refuse_if_ambiguous(
                 pod,
-                [p for p in pods if kubelet is None or kubelet.admitting(p, "")],
+                [p for p in pods if kubelet is None or kubelet.unstarted(p)],
                 node=inventory.node,
                 kind=kind,
                 count=count,
@@ -197,6 +201,14 @@ def match_container(
         not_started=kubelet is not None
         and any(_next_container(p, served).amount == count for p in waiting),
     )
+
+
+def _may_be_admitting(kubelet: KubeletView, pod: BoundPod, served: Mapping[PodUid, int]) -> bool:
+    """A part-served pod the kubelet knows (it admits one pod's containers in a row), or a
+    pod none of whose containers holds a device yet."""
+    if served.get(pod.ref.uid, 0):
+        return kubelet.knows(pod)
+    return kubelet.unstarted(pod)
 
 
 def _next_container(pod: BoundPod, served: Mapping[PodUid, int]) -> ContainerRequest:

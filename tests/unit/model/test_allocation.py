@@ -497,20 +497,59 @@ def test_two_pods_the_kubelet_may_be_starting_on_different_cards_get_no_card() -
     assert grant.pod.name == "a"
 
 
-def test_a_plain_init_container_is_being_started_while_the_pod_s_listed_ones_hold_nothing() -> None:
-    # The kubelet lists app containers and sidecars only, and allocates init containers first.
-    pod = placed("p", 10, init=[container("warm", {contract.GPU_MEMORY: "5"})])
-    unstarted = KubeletView({("default", "p"): ({"cuda-container": 0},)})
-    assert unstarted.admitting(pod, "warm")
-    started = KubeletView({("default", "p"): ({"cuda-container": 10},)})
-    assert not started.admitting(pod, "warm")
+def test_a_pod_s_containers_follow_one_another_whatever_its_records_show_of_the_first() -> None:
+    # The kubelet allocates in spec order, init containers first, and lists sidecars and app
+    # containers only: a plain init container after a sidecar is next once the sidecar holds
+    # its devices.
+    pod = placed(
+        "p",
+        10,
+        init=[
+            container("proxy", {contract.GPU_MEMORY: "5"}, restartPolicy="Always"),
+            container("migrate", {contract.GPU_MEMORY: "7"}),
+        ],
+    )
+    cards = inventory([100])
+    served: dict[PodUid, int] = {}
+    held = {"proxy": 0, "cuda-container": 0}
+    seen = []
+    for count in (5, 7, 10):
+        view = KubeletView({("default", "p"): (dict(held),)})
+        grant = match_container(
+            [pod], served, kind=MEMORY, count=count, inventory=cards, kubelet=view
+        )
+        served[grant.pod.uid] = grant.position + 1
+        held[grant.container] = count
+        seen.append(grant.container)
+    assert seen == ["proxy", "migrate", "cuda-container"]
 
 
 def test_a_pod_known_twice_by_name_is_being_started_if_either_holds_nothing() -> None:
     # A pod replaced under its name (a StatefulSet's) while the kubelet still knows the old.
-    pod = placed("web-0", 10)
     view = KubeletView({("default", "web-0"): ({"cuda-container": 10}, {"cuda-container": 0})})
-    assert view.admitting(pod, "cuda-container")
+    grant = match_container(
+        [placed("web-0", 10)], {}, kind=MEMORY, count=10, inventory=inventory([100]), kubelet=view
+    )
+    assert grant.pod.name == "web-0"
+
+
+def test_a_pod_served_on_a_guess_goes_on_when_the_records_come_back() -> None:
+    # The records could not be read for the first container: the oldest pod was served (both
+    # on card 0); the kubelet was admitting the other, and shows it now holding that grant.
+    two = [container("b", {contract.GPU_MEMORY: "10"})]
+    x, y = placed("x", 10, at=2, extra=two), placed("y", 10, at=1, extra=two)
+    cards = inventory([100])
+    first = match_container([x, y], {}, kind=MEMORY, count=10, inventory=cards)
+    assert first.pod.name == "y"
+    view = KubeletView({("default", "x"): ({"cuda-container": 10, "b": 0},)})
+    second = match_container(
+        [x, y], {PodUid("y"): 1}, kind=MEMORY, count=10, inventory=cards, kubelet=view
+    )
+    assert (second.pod.name, second.container, second.env["NVIDIA_VISIBLE_DEVICES"]) == (
+        "y",
+        "b",
+        "0",
+    )
 
 
 def test_a_part_served_pod_goes_on_whatever_other_pods_of_its_size_hold() -> None:

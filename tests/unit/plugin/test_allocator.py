@@ -598,3 +598,23 @@ async def test_an_allocate_of_the_ids_just_preferred_is_for_the_pod_the_records_
     scripted.known = {"b": ids, "a": []}
     assert await allocate(allocator, GRANT) == ("a", "0")
     assert scripted.asked == 2
+
+
+@pytest.mark.asyncio
+async def test_a_pod_deleted_and_created_again_between_the_kubelet_s_two_calls_gets_no_card(
+    tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
+) -> None:
+    # A StatefulSet's pod: the kubelet asked for the old one's preferred ids; the new one of
+    # that name is bound meanwhile, its own start still to come.
+    scripted, records = kubelet
+    allocator, cache, _ = plugin(tmp_path, pod("web-0", 1, card="1"), records=records)
+    scripted.known = {"web-0": []}
+    available = [f"{card}-{unit}" for card in (0, 1) for unit in range(2 * UNITS)]
+    asked = [PreferredRequest(available=available, must_include=[], size=UNITS)]
+    (ids,) = await allocator.preferred(GpuKind.MEMORY, asked)
+    cache._apply("DELETED", pod("web-0", 1, card="1"))
+    again = gpu_pod("web-0", UNITS, node="n", index="0", uid="web-0-again")
+    again["metadata"]["annotations"][contract.PREDICATE_TIME] = "2"
+    cache._apply("ADDED", bound_pod(again))
+    with pytest.raises(NoCandidate, match="was deleted while the kubelet started it"):
+        await allocate(allocator, ids)
