@@ -59,6 +59,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import os
 import platform
 import shutil
 import statistics
@@ -67,7 +68,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -80,7 +81,7 @@ from gpushare.model import contract, pod_ref
 from gpushare.model.annotations import gpu_assigned
 from gpushare.model.gangs import VOLCANO_GROUP_ANNOTATIONS, GroupApi
 from gpushare_harness import ControlPlane, FakeGpuNode, create_gpu_node
-from gpushare_harness.benchargs import positive
+from gpushare_harness.benchargs import env_setting, positive
 from gpushare_harness.benchpods import SHAPES, bench_pod
 from gpushare_harness.binaries import ensure_binaries
 from gpushare_harness.controlplane import free_port
@@ -588,8 +589,11 @@ class KubeScheduler:
     """kube-scheduler with a profile of its own, its client limit raised to `qps` (None: its
     default), no leader election."""
 
-    def __init__(self, workdir: Path, kubeconfig: Path, qps: int | None) -> None:
+    def __init__(
+        self, workdir: Path, kubeconfig: Path, qps: int | None, env: Mapping[str, str]
+    ) -> None:
         self.label = self.name = "kube-scheduler-raised" if qps else "kube-scheduler-default"
+        self._env = {**os.environ, **env}
         self._workdir = workdir
         self._config = workdir / f"{self.name}.yaml"
         connection: dict[str, Any] = {"kubeconfig": str(kubeconfig)}
@@ -619,6 +623,7 @@ class KubeScheduler:
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                env=self._env,
             )
         return self._process.pid
 
@@ -725,7 +730,9 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             stand_in = await asyncio.create_subprocess_exec(
                 sys.executable, __file__, "--stand-in", str(plane.kubeconfig)
             )
-            raised = KubeScheduler(workdir, as_kube_scheduler, KUBE_SCHEDULER_RAISED_QPS)
+            raised = KubeScheduler(
+                workdir, as_kube_scheduler, KUBE_SCHEDULER_RAISED_QPS, args.kube_scheduler_env
+            )
             operator = Operator(workdir, as_operator)
             rounds: list[dict[str, dict[str, Any]]] = []
             profiles = (
@@ -746,7 +753,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     )
                     print(f"round {number}, {scheduler.label}: {measured[scheduler.label]}")
                 rounds.append(measured)
-            default = KubeScheduler(workdir, as_kube_scheduler, None)
+            default = KubeScheduler(workdir, as_kube_scheduler, None, args.kube_scheduler_env)
             results[default.label] = await measure(
                 api, binds, default, args, default.label, servers=servers
             )
@@ -821,6 +828,15 @@ def main() -> int:
     )
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument(
+        "--kube-scheduler-env",
+        type=env_setting,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set in kube-scheduler's environment only (e.g. DISABLE_HTTP2=true: client-go "
+        "then speaks HTTP/1.1)",
+    )
+    parser.add_argument(
         "--profile",
         type=Path,
         help="write the apiserver's and etcd's CPU profile of each round's phases here",
@@ -829,6 +845,7 @@ def main() -> int:
     parser.add_argument("--part", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--stand-in", type=Path, help=argparse.SUPPRESS)  # the plugins' stand-in
     args = parser.parse_args()
+    args.kube_scheduler_env = dict(args.kube_scheduler_env)
     if args.profile and shutil.which("go") is None:
         parser.error("--profile needs go on PATH: `go tool pprof` merges each phase's profiles")
     if args.raw_bind:

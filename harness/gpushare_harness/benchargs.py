@@ -15,3 +15,11 @@ def positive(text: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"{text} is not a whole number of at least 1")
     return number
+
+
+def env_setting(text: str) -> tuple[str, str]:
+    """NAME=VALUE, for a process's environment."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    return name, value

@@ -383,14 +383,35 @@ async def kubelet(tmp_path: Path) -> AsyncIterator[tuple[Kubelet, PodResources]]
 GRANT = [f"0-{i}" for i in range(UNITS)]
 
 
+def one_request_on_two_cards(
+    tmp_path: Path, records: PodResources, *, identifies_pods: bool = True, wait_s: float = 0.2
+) -> tuple[Allocator, PodCache, Api]:
+    """Pods "a" (card 0) and "b" (card 1) of one request, on a node whose GPUNode told the
+    operator that its plugin identifies pods (unless told otherwise)."""
+    return plugin(
+        tmp_path,
+        pod("a", 1, card="0"),
+        pod("b", 2, card="1"),
+        records=records,
+        identifies_pods=identifies_pods,
+        wait_s=wait_s,
+    )
+
+
+async def prefer(allocator: Allocator) -> list[str]:
+    """The kubelet's GetPreferredAllocation with every unit of both cards free."""
+    available = [f"{card}-{unit}" for card in (0, 1) for unit in range(2 * UNITS)]
+    asked = [PreferredRequest(available=available, must_include=[], size=UNITS)]
+    (ids,) = await allocator.preferred(GpuKind.MEMORY, asked)
+    return ids
+
+
 @pytest.mark.asyncio
 async def test_the_pod_the_kubelet_is_admitting_gets_its_own_card_and_is_marked_at_once(
     tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
 ) -> None:
     scripted, records = kubelet
-    allocator, _, api = plugin(
-        tmp_path, pod("a", 1, card="0"), pod("b", 2, card="1"), records=records
-    )
+    allocator, _, api = one_request_on_two_cards(tmp_path, records, identifies_pods=False)
     scripted.known = {"b": []}  # admitting "b", the younger; "a" not yet known
     with structlog.testing.capture_logs() as logged:
         assert await allocate(allocator) == ("b", "1")
@@ -444,14 +465,7 @@ async def test_two_unstarted_pods_the_kubelet_knows_on_different_cards_get_no_ca
     # A kubelet before 1.34 lists pods it rejected too: "b" was refused by another admission
     # check a moment ago, and its Failed status is on its way.
     scripted, records = kubelet
-    allocator, cache, _ = plugin(
-        tmp_path,
-        pod("a", 1, card="0"),
-        pod("b", 2, card="1"),
-        records=records,
-        identifies_pods=True,
-        wait_s=5,
-    )
+    allocator, cache, _ = one_request_on_two_cards(tmp_path, records, wait_s=5)
     scripted.known = {"a": [], "b": []}
     starting = asyncio.create_task(allocate(allocator))
     await asyncio.sleep(0.1)
@@ -519,9 +533,7 @@ async def test_the_kubelet_s_rate_limit_is_waited_out(
     tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
 ) -> None:
     scripted, records = kubelet
-    allocator, _, api = plugin(
-        tmp_path, pod("a", 1, card="0"), pod("b", 2, card="1"), records=records
-    )
+    allocator, _, api = one_request_on_two_cards(tmp_path, records, identifies_pods=False)
     scripted.broken = grpc.StatusCode.RESOURCE_EXHAUSTED
     scripted.known = {"b": []}
 
@@ -556,14 +568,8 @@ async def test_a_rate_limit_longer_than_the_tries_holds_the_call_until_the_recor
     # Another client of the kubelet spends its tokens for half a second: pods of one request
     # on different cards are not guessed, nor refused, meanwhile.
     scripted, records = kubelet
-    allocator, _, _ = plugin(
-        tmp_path,
-        pod("a", 1, card="0"),
-        pod("b", 2, card="1"),
-        records=records,
-        identifies_pods=True,
-        wait_s=60,  # no pod event comes: the records are read again on their own
-    )
+    # No pod event comes: the records are read again on their own.
+    allocator, _, _ = one_request_on_two_cards(tmp_path, records, wait_s=60)
     scripted.broken = grpc.StatusCode.RESOURCE_EXHAUSTED
     scripted.known = {"b": []}
 
@@ -584,13 +590,9 @@ async def test_an_allocate_of_the_ids_just_preferred_is_for_the_pod_the_records_
     # The kubelet asks GetPreferredAllocation, then Allocate, for one container in a row: the
     # records are read once for both. A call with other ids (no preference asked) reads them.
     scripted, records = kubelet
-    allocator, _, _ = plugin(
-        tmp_path, pod("a", 1, card="0"), pod("b", 2, card="1"), records=records
-    )
+    allocator, _, _ = one_request_on_two_cards(tmp_path, records, identifies_pods=False)
     scripted.known = {"b": []}
-    available = [f"{card}-{unit}" for card in (0, 1) for unit in range(2 * UNITS)]
-    asked = [PreferredRequest(available=available, must_include=[], size=UNITS)]
-    (ids,) = await allocator.preferred(GpuKind.MEMORY, asked)
+    ids = await prefer(allocator)
     assert {device.split("-")[0] for device in ids} == {"1"}
     assert scripted.asked == 1
     assert await allocate(allocator, ids) == ("b", "1")
@@ -609,9 +611,7 @@ async def test_a_pod_deleted_and_created_again_between_the_kubelet_s_two_calls_g
     scripted, records = kubelet
     allocator, cache, _ = plugin(tmp_path, pod("web-0", 1, card="1"), records=records)
     scripted.known = {"web-0": []}
-    available = [f"{card}-{unit}" for card in (0, 1) for unit in range(2 * UNITS)]
-    asked = [PreferredRequest(available=available, must_include=[], size=UNITS)]
-    (ids,) = await allocator.preferred(GpuKind.MEMORY, asked)
+    ids = await prefer(allocator)
     cache._apply("DELETED", pod("web-0", 1, card="1"))
     again = gpu_pod("web-0", UNITS, node="n", index="0", uid="web-0-again")
     again["metadata"]["annotations"][contract.PREDICATE_TIME] = "2"
