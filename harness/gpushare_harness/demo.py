@@ -130,7 +130,9 @@ def start_components(cluster: RealCluster, pids: dict[str, int]) -> None:
     install(cluster.add_node(REAL_NODE), kubeconfig)
     name, cards = FAKE_NODE
     asyncio.run(_create_fake_node(kubeconfig, name))
-    plugin_dir = directory / f"dp-{name}" / "device-plugins"
+    # Short (a unix socket path has at most 107 bytes); its kubelet's pod-resources socket
+    # beside it, in the demo's folder.
+    plugin_dir = directory / "dp"
     kubelet = KubeletHarness(
         node=name,
         kubeconfig=kubeconfig,
