@@ -127,6 +127,7 @@ class Allocator:
                 limits=self._limits,
                 reopened=frozenset(self._pods.reopened),
                 kubelet=kubelet,
+                one_card_or_none=self._table.identifies_pods,
             )
             served[grant.pod.uid] = grant.position + 1
             grants.append(grant)

@@ -126,6 +126,7 @@ def match_container(
     limits: LimitSettings | None = None,
     reopened: frozenset[PodUid] = frozenset(),
     kubelet: KubeletView | None = None,
+    one_card_or_none: bool = False,
 ) -> ContainerGrant:
     """The container this Allocate of `count` `kind` devices is for; NoCandidate if none.
 
@@ -133,11 +134,10 @@ def match_container(
     request (`swapped_with`): candidates again, whatever their `gpu-assigned` says.
 
     `kubelet`: what its records say, when they could be read: only a pod it may be admitting
-    is a candidate. Either way, if the candidates for a pod's first GPU container hold
-    different cards (pods of one request where the operator lets them, as it does where the
-    records name pods; a stalled kubelet's pods past the exactness rule's wait), NoCandidate:
-    with the records, until they tell them apart (one the kubelet rejected, say); without
-    them, the call is refused rather than given a card on a guess.
+    is a candidate, and if that leaves several on different cards (one it rejected, say),
+    NoCandidate until they tell them apart. `one_card_or_none` (the node told the operator
+    that its plugin identifies pods, so pods of one request may hold different cards): without
+    the records, a guess is made only when every candidate holds the same card.
 
     `served` counts the GPU containers of each pod already answered by this plugin. Only
     pods that `schedulers` (the names the gpushare operator serves) bound with a Binding are
@@ -180,7 +180,8 @@ def match_container(
         pod = fitting[0]
         position = served.get(pod.ref.uid, 0)
         if position == 0:  # a part-served pod is surely the one the kubelet is admitting
-            _refuse_if_cards_differ(fitting, node=inventory.node, kind=kind, count=count)
+            if kubelet is not None or one_card_or_none:
+                _refuse_if_cards_differ(fitting, node=inventory.node, kind=kind, count=count)
             _refuse_if_ambiguous(
                 pod,
                 [p for p in pods if kubelet is None or kubelet.unstarted(p)],

@@ -429,10 +429,9 @@ def test_a_grant_the_kubelet_gave_another_pod_of_the_same_request_is_served_agai
     second["metadata"]["annotations"][contract.GPU_ASSIGNED] = "true"
     served = {PodUid("second"): 1}
     assert swapped_with(bound_pod(first), [bound_pod(first), bound_pod(second)], served) == "second"
-    # A younger pod of the request, on its card (the exactness rule held the others back).
-    younger = placed("younger", 10, index="0", at=3)
+    other_card = placed("other", 10, index="1", at=3)
     grant = match_container(
-        [bound_pod(second), younger],  # "first" deleted since
+        [bound_pod(second), other_card],  # "first" deleted since
         {},
         kind=MEMORY,
         count=10,
@@ -486,12 +485,15 @@ def test_two_pods_the_kubelet_may_be_starting_on_different_cards_get_no_card() -
             pods, {}, kind=MEMORY, count=10, inventory=inventory([100, 100]), kubelet=unstarted
         )
     assert refusal.value.pods == ("default/a", "default/b")
-    # Without the records, no guess either (pods of one request on different cards: the
-    # operator lets them where the records name pods, or a stalled kubelet's wait ran out).
+    # Without the records, a node that lets such pods hold different cards gets no guess.
     with pytest.raises(NoCandidate, match="hold different cards"):
-        match_container(pods, {}, kind=MEMORY, count=10, inventory=inventory([100, 100]))
+        match_container(
+            pods, {}, kind=MEMORY, count=10, inventory=inventory([100, 100]), one_card_or_none=True
+        )
     same_card = [placed("a", 10, index="0"), placed("b", 10, index="0")]
-    grant = match_container(same_card, {}, kind=MEMORY, count=10, inventory=inventory([100]))
+    grant = match_container(
+        same_card, {}, kind=MEMORY, count=10, inventory=inventory([100]), one_card_or_none=True
+    )
     assert grant.pod.name == "a"
 
 
@@ -560,5 +562,6 @@ def test_a_part_served_pod_goes_on_whatever_other_pods_of_its_size_hold() -> Non
         kind=MEMORY,
         count=10,
         inventory=inventory([100, 100]),
+        one_card_or_none=True,
     )
     assert (grant.pod.name, grant.container) == ("two", "b")
