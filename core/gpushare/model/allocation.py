@@ -8,8 +8,8 @@ row), then the oldest `predicate-time`; the first whose next GPU container (in t
 order: init containers, then app containers) asks for exactly the requested device count.
 The operator's exactness rule makes that choice safe: two such pods with equal requests on
 this node are on the same card. Where the kubelet's pod-resources records can be read
-(`KubeletView`), they say which pod it is: the one the kubelet knows whose container holds
-no device yet; the operator then lets pods of one request take different cards on the node.
+(`KubeletView`), they say which pod it is: the one the kubelet knows none of whose containers
+holds a device yet; the operator then lets pods of one request take different cards on the node.
 A pod without `gpu-index` is never a candidate, and an annotation naming a card the node
 lacks fails the call: no card is ever guessed.
 """
