@@ -12,10 +12,12 @@ message for large cards. A benchmark, not a test: it prints a table and writes J
    served at 4 MiB per device) are bound to one node with `gpu-index` and `predicate-time`,
    as the operator binds them. The plugin runs as its own process. Acting as the kubelet,
    the benchmark calls Allocate once per pod (32 device ids, one container), one call at a
-   time as a kubelet admits pods; each call picks the oldest waiting pod from the watch
-   cache and builds the env (it writes nothing). Latency per call, as the caller sees it:
-   p50, p99. Then, as the kubelet admitting them, every pod's phase is set Running, and the
-   time until the plugin has marked them all `gpu-assigned` is measured.
+   time as a kubelet admits pods, serving the kubelet's pod-resources records as they would
+   read then (every pod admitted so far holding its ids, the one being admitted none yet);
+   each call reads them, takes the pod they name from the watch cache and builds the env (it
+   writes nothing). Latency per call, as the caller sees it: p50, p99. Then, as the kubelet
+   admitting them, every pod's phase is set Running, and the time until the plugin has
+   marked them all `gpu-assigned` is measured.
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ from gpushare.model.devices import KUBELET_MESSAGE_LIMIT, smallest_fitting_unit
 from gpushare.model.request import GpuKind
 from gpushare_harness import ControlPlane, FakeGpuNode, create_gpu_node
 from gpushare_harness.crds import install_crds
-from gpushare_harness.plugin import PluginProcess
+from gpushare_harness.plugin import PluginProcess, pod_resources_socket
+from gpushare_plugin._proto.podresources_v1 import api_pb2 as records_pb2
+from gpushare_plugin._proto.podresources_v1 import api_pb2_grpc as records_grpc
 from gpushare_plugin._proto.v1beta1 import api_pb2, api_pb2_grpc
 from gpushare_plugin.allocator import Allocator
 from gpushare_plugin.devices import DeviceTable
@@ -99,12 +103,48 @@ async def first_message(spec: str, socket_dir: Path) -> dict[str, Any]:
     }
 
 
+class KubeletRecords(records_grpc.PodResourcesListerServicer):
+    """The kubelet's pod-resources `List` while it admits the benchmark's pods in order: the
+    plugin reads it in every Allocate to know which pod the call is for. Each answer is built
+    before the call it serves, so that the latency measured is the plugin's, not this
+    stand-in's."""
+
+    def __init__(self, ids: list[str]) -> None:
+        self._holding = records_pb2.ContainerDevices(
+            resource_name=contract.GPU_MEMORY, device_ids=ids
+        )
+        self._admitted: list[records_pb2.PodResources] = []
+        self._answer = records_pb2.ListPodResourcesResponse()
+
+    def admit(self, number: int) -> None:
+        """Pod `number` is being admitted; those before it hold their ids."""
+        if self._admitted:
+            self._admitted[-1].containers[0].devices.append(self._holding)
+        self._admitted.append(
+            records_pb2.PodResources(
+                name=pod_name(number),
+                namespace="default",
+                containers=[records_pb2.ContainerResources(name="c")],
+            )
+        )
+        self._answer = records_pb2.ListPodResourcesResponse(pod_resources=self._admitted)
+
+    async def List(  # the gRPC method's name
+        self, request: records_pb2.ListPodResourcesRequest, context: object
+    ) -> records_pb2.ListPodResourcesResponse:
+        return self._answer
+
+
+def pod_name(number: int) -> str:
+    return f"p-{number:04d}"
+
+
 async def bound_pods(core: client.CoreV1Api, node: str, count: int) -> None:
     """`count` pods bound to `node` as the operator binds them, 16 in flight."""
     limit = asyncio.Semaphore(16)
 
     async def one(number: int) -> None:
-        name = f"p-{number:04d}"
+        name = pod_name(number)
         body = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -181,7 +221,17 @@ async def allocate_latency(pods: int, workdir: Path) -> dict[str, Any]:
             core = client.CoreV1Api(api)
             await create_gpu_node(core, FakeGpuNode(name="gpu-node", gpu_memory=0, gpu_number=0))
             await bound_pods(core, "gpu-node", pods)
-            socket_dir = Path(tempfile.mkdtemp(prefix="bench-dp-"))
+            node_dir = Path(tempfile.mkdtemp(prefix="bench-dp-"))
+            socket_dir = node_dir / "device-plugins"
+            socket_dir.mkdir()
+            ids = [f"0-{k}" for k in range(POD_UNITS)]
+            records = KubeletRecords(ids)
+            records_path = pod_resources_socket(socket_dir)
+            records_path.parent.mkdir()
+            kubelet = grpc.aio.server()
+            records_grpc.add_PodResourcesListerServicer_to_server(records, kubelet)  # type: ignore[no-untyped-call]
+            kubelet.add_insecure_port(f"unix://{records_path}")
+            await kubelet.start()
             plugin = PluginProcess(
                 node="gpu-node",
                 kubeconfig=plane.kubeconfig,
@@ -197,12 +247,13 @@ async def allocate_latency(pods: int, workdir: Path) -> dict[str, Any]:
                 latencies = []
                 async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
                     stub = api_pb2_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
-                    ids = [f"0-{k}" for k in range(POD_UNITS)]
                     request = api_pb2.AllocateRequest(
                         container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids)]
                     )
+                    records.admit(0)
                     await stub.Allocate(request)  # warm-up: connection, first decision
-                    for _ in range(pods - 1):
+                    for number in range(1, pods):
+                        records.admit(number)
                         started = time.perf_counter()
                         await stub.Allocate(request)
                         latencies.append(time.perf_counter() - started)
@@ -211,7 +262,8 @@ async def allocate_latency(pods: int, workdir: Path) -> dict[str, Any]:
                 marked_s = time.perf_counter() - admitted
             finally:
                 plugin.stop()
-                shutil.rmtree(socket_dir, ignore_errors=True)
+                await kubelet.stop(grace=None)
+                shutil.rmtree(node_dir, ignore_errors=True)
     ordered = sorted(latencies)
     return {
         "pods_bound_to_node": pods,

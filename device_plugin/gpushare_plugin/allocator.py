@@ -127,7 +127,6 @@ class Allocator:
                 limits=self._limits,
                 reopened=frozenset(self._pods.reopened),
                 kubelet=kubelet,
-                one_card_or_none=self._table.identifies_pods,
             )
             served[grant.pod.uid] = grant.position + 1
             grants.append(grant)
@@ -187,9 +186,7 @@ class Allocator:
         preferred = self._preferred.pop(kind, None)
         if preferred is None or preferred.ids != tuple(frozenset(ids) for ids in requests):
             return None
-        named = KubeletView(
-            {(g.pod.namespace, g.pod.name): ({g.container: 0},) for g in preferred.grants}
-        )
+        named = KubeletView.listing((g.pod.namespace, g.pod.name, False) for g in preferred.grants)
         try:
             grants = self._match(kind, [len(ids) for ids in requests], named)
         except NoCandidate:

@@ -12,7 +12,6 @@ lets pods of one request take different cards on the node.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import grpc
@@ -65,19 +64,19 @@ class PodResources:
         except grpc.aio.AioRpcError as error:
             self._failed(error)
             return None
-        held: defaultdict[tuple[str, str], list[dict[str, int]]] = defaultdict(list)
-        for pod in answer.pod_resources:
-            held[(pod.namespace, pod.name)].append(
-                {
-                    container.name: sum(
-                        len(devices.device_ids)
-                        for devices in container.devices
-                        if devices.resource_name == resource
-                    )
+        return KubeletView.listing(
+            (
+                pod.namespace,
+                pod.name,
+                any(
+                    devices.device_ids
                     for container in pod.containers
-                }
+                    for devices in container.devices
+                    if devices.resource_name == resource
+                ),
             )
-        return KubeletView({key: tuple(listed) for key, listed in held.items()})
+            for pod in answer.pod_resources
+        )
 
     def _lister(self) -> api_pb2_grpc.PodResourcesListerStub:
         if self._stub is None:

@@ -64,9 +64,9 @@ class Unservable(NoCandidate):
 @dataclass(frozen=True, slots=True)
 class KubeletView:
     """The kubelet's pod-resources records (`List`) read during one call, for one resource:
-    per pod it knows (namespace, name), per listed container, how many device ids of the
-    resource it holds; a name twice when the kubelet knows two pods of that name (one
-    replacing another).
+    the pods it knows (namespace, name), and those of them none of whose listed containers
+    holds a device of the resource yet (of a name it knows twice, one replacing another, if
+    either holds none).
 
     The kubelet adds a pod to its pod manager just before admitting it, admits one pod at a
     time, and records a container's ids once Allocate has answered; so the pod whose first GPU
@@ -74,15 +74,28 @@ class KubeletView:
     sidecars and app containers only, not plain init containers). A pod part-served is being
     admitted container after container: the kubelet knows it."""
 
-    held: Mapping[tuple[str, str], tuple[Mapping[str, int], ...]]
+    known: frozenset[tuple[str, str]]
+    unstarted_pods: frozenset[tuple[str, str]]
+
+    @classmethod
+    def listing(cls, entries: Iterable[tuple[str, str, bool]]) -> KubeletView:
+        """From the records' entries: (namespace, name, whether any of its listed containers
+        holds a device of the resource)."""
+        known: set[tuple[str, str]] = set()
+        unstarted: set[tuple[str, str]] = set()
+        for namespace, name, holds in entries:
+            known.add((namespace, name))
+            if not holds:
+                unstarted.add((namespace, name))
+        return cls(frozenset(known), frozenset(unstarted))
 
     def knows(self, pod: BoundPod) -> bool:
-        return _key(pod) in self.held
+        return _key(pod) in self.known
 
     def unstarted(self, pod: BoundPod) -> bool:
         """Whether the kubelet knows `pod` and none of its listed containers holds a device
         of the resource yet: it may be admitting the pod's first GPU container now."""
-        return any(not any(listed.values()) for listed in self.held.get(_key(pod), ()))
+        return _key(pod) in self.unstarted_pods
 
 
 def _key(pod: BoundPod) -> tuple[str, str]:
@@ -126,7 +139,6 @@ def match_container(
     limits: LimitSettings | None = None,
     reopened: frozenset[PodUid] = frozenset(),
     kubelet: KubeletView | None = None,
-    one_card_or_none: bool = False,
 ) -> ContainerGrant:
     """The container this Allocate of `count` `kind` devices is for; NoCandidate if none.
 
@@ -134,10 +146,11 @@ def match_container(
     request (`swapped_with`): candidates again, whatever their `gpu-assigned` says.
 
     `kubelet`: what its records say, when they could be read: only a pod it may be admitting
-    is a candidate, and if that leaves several on different cards (one it rejected, say),
-    NoCandidate until they tell them apart. `one_card_or_none` (the node told the operator
-    that its plugin identifies pods, so pods of one request may hold different cards): without
-    the records, a guess is made only when every candidate holds the same card.
+    is a candidate. Either way, if the candidates for a pod's first GPU container hold
+    different cards (pods of one request where the operator lets them, as it does where the
+    records name pods; a stalled kubelet's pods past the exactness rule's wait), NoCandidate:
+    with the records, until they tell them apart (one the kubelet rejected, say); without
+    them, the call is refused rather than given a card on a guess.
 
     `served` counts the GPU containers of each pod already answered by this plugin. Only
     pods that `schedulers` (the names the gpushare operator serves) bound with a Binding are
@@ -180,8 +193,7 @@ def match_container(
         pod = fitting[0]
         position = served.get(pod.ref.uid, 0)
         if position == 0:  # a part-served pod is surely the one the kubelet is admitting
-            if kubelet is not None or one_card_or_none:
-                _refuse_if_cards_differ(fitting, node=inventory.node, kind=kind, count=count)
+            _refuse_if_cards_differ(fitting, node=inventory.node, kind=kind, count=count)
             _refuse_if_ambiguous(
                 pod,
                 [p for p in pods if kubelet is None or kubelet.unstarted(p)],

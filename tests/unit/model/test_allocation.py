@@ -429,9 +429,10 @@ def test_a_grant_the_kubelet_gave_another_pod_of_the_same_request_is_served_agai
     second["metadata"]["annotations"][contract.GPU_ASSIGNED] = "true"
     served = {PodUid("second"): 1}
     assert swapped_with(bound_pod(first), [bound_pod(first), bound_pod(second)], served) == "second"
-    other_card = placed("other", 10, index="1", at=3)
+    # A younger pod of the request, on its card (the exactness rule held the others back).
+    younger = placed("younger", 10, index="0", at=3)
     grant = match_container(
-        [bound_pod(second), other_card],  # "first" deleted since
+        [bound_pod(second), younger],  # "first" deleted since
         {},
         kind=MEMORY,
         count=10,
@@ -444,18 +445,13 @@ def test_a_grant_the_kubelet_gave_another_pod_of_the_same_request_is_served_agai
 
 def test_the_kubelet_s_records_name_the_pod_it_is_admitting_whatever_its_age() -> None:
     pods = [placed("old", 10, index="0", at=1), placed("young", 10, index="1", at=2)]
-    admitting_young = KubeletView({("default", "young"): ({"cuda-container": 0},)})
+    admitting_young = KubeletView.listing([("default", "young", False)])
     grant = match_container(
         pods, {}, kind=MEMORY, count=10, inventory=inventory([100, 100]), kubelet=admitting_young
     )
     assert (grant.pod.name, grant.env["NVIDIA_VISIBLE_DEVICES"]) == ("young", "1")
     # A pod it knows whose container holds devices was admitted before: not this call's.
-    both_known = KubeletView(
-        {
-            ("default", "old"): ({"cuda-container": 10},),
-            ("default", "young"): ({"cuda-container": 0},),
-        }
-    )
+    both_known = KubeletView.listing([("default", "old", True), ("default", "young", False)])
     grant = match_container(
         pods, {}, kind=MEMORY, count=10, inventory=inventory([100, 100]), kubelet=both_known
     )
@@ -471,29 +467,24 @@ def test_pods_the_kubelet_is_not_starting_are_not_served_and_the_reason_says_so(
             kind=MEMORY,
             count=10,
             inventory=inventory([100, 100]),
-            kubelet=KubeletView({}),
+            kubelet=KubeletView.listing([]),
         )
 
 
 def test_two_pods_the_kubelet_may_be_starting_on_different_cards_get_no_card() -> None:
     pods = [placed("a", 10, index="0"), placed("b", 10, index="1")]
-    unstarted = KubeletView(
-        {("default", "a"): ({"cuda-container": 0},), ("default", "b"): ({"cuda-container": 0},)}
-    )
+    unstarted = KubeletView.listing([("default", "a", False), ("default", "b", False)])
     with pytest.raises(NoCandidate, match="hold different cards") as refusal:
         match_container(
             pods, {}, kind=MEMORY, count=10, inventory=inventory([100, 100]), kubelet=unstarted
         )
     assert refusal.value.pods == ("default/a", "default/b")
-    # Without the records, a node that lets such pods hold different cards gets no guess.
+    # Without the records, no guess either (pods of one request on different cards: the
+    # operator lets them where the records name pods, or a stalled kubelet's wait ran out).
     with pytest.raises(NoCandidate, match="hold different cards"):
-        match_container(
-            pods, {}, kind=MEMORY, count=10, inventory=inventory([100, 100]), one_card_or_none=True
-        )
+        match_container(pods, {}, kind=MEMORY, count=10, inventory=inventory([100, 100]))
     same_card = [placed("a", 10, index="0"), placed("b", 10, index="0")]
-    grant = match_container(
-        same_card, {}, kind=MEMORY, count=10, inventory=inventory([100]), one_card_or_none=True
-    )
+    grant = match_container(same_card, {}, kind=MEMORY, count=10, inventory=inventory([100]))
     assert grant.pod.name == "a"
 
 
@@ -514,7 +505,7 @@ def test_a_pod_s_containers_follow_one_another_whatever_its_records_show_of_the_
     held = {"proxy": 0, "cuda-container": 0}
     seen = []
     for count in (5, 7, 10):
-        view = KubeletView({("default", "p"): (dict(held),)})
+        view = KubeletView.listing([("default", "p", any(held.values()))])
         grant = match_container(
             [pod], served, kind=MEMORY, count=count, inventory=cards, kubelet=view
         )
@@ -526,7 +517,7 @@ def test_a_pod_s_containers_follow_one_another_whatever_its_records_show_of_the_
 
 def test_a_pod_known_twice_by_name_is_being_started_if_either_holds_nothing() -> None:
     # A pod replaced under its name (a StatefulSet's) while the kubelet still knows the old.
-    view = KubeletView({("default", "web-0"): ({"cuda-container": 10}, {"cuda-container": 0})})
+    view = KubeletView.listing([("default", "web-0", True), ("default", "web-0", False)])
     grant = match_container(
         [placed("web-0", 10)], {}, kind=MEMORY, count=10, inventory=inventory([100]), kubelet=view
     )
@@ -541,7 +532,7 @@ def test_a_pod_served_on_a_guess_goes_on_when_the_records_come_back() -> None:
     cards = inventory([100])
     first = match_container([x, y], {}, kind=MEMORY, count=10, inventory=cards)
     assert first.pod.name == "y"
-    view = KubeletView({("default", "x"): ({"cuda-container": 10, "b": 0},)})
+    view = KubeletView.listing([("default", "x", True)])
     second = match_container(
         [x, y], {PodUid("y"): 1}, kind=MEMORY, count=10, inventory=cards, kubelet=view
     )
@@ -562,6 +553,5 @@ def test_a_part_served_pod_goes_on_whatever_other_pods_of_its_size_hold() -> Non
         kind=MEMORY,
         count=10,
         inventory=inventory([100, 100]),
-        one_card_or_none=True,
     )
     assert (grant.pod.name, grant.container) == ("two", "b")

@@ -179,8 +179,9 @@ async def test_pods_started_in_another_order_than_served_each_run_on_their_cards
     assert await allocate(allocator) == ("a", "0")
     cache._apply("MODIFIED", pod("b", 2, card="0", admitted=True))
     assert await marked(allocator, api, 1) == ["b"]  # "a" has not started: still unmarked
-    # "a" is served again when the kubelet starts it, whatever pods were bound since.
-    cache._apply("ADDED", pod("c", 3, card="1"))
+    # "a" is served again when the kubelet starts it, whatever pods of its request were
+    # bound since (on its card: the exactness rule holds the others back while it waits).
+    cache._apply("ADDED", pod("c", 3, card="0"))
     assert await allocate(allocator) == ("a", "0")
 
 
