@@ -15,15 +15,17 @@ message for large cards. A benchmark, not a test: it prints a table and writes J
    time as a kubelet admits pods, serving the kubelet's pod-resources records as they would
    read then (every pod admitted so far holding its ids, the one being admitted none yet);
    each call reads them, takes the pod they name from the watch cache and builds the env (it
-   writes nothing). Latency per call, as the caller sees it: p50, p99. Then, as the kubelet
-   admitting them, every pod's phase is set Running, and the time until the plugin has
-   marked them all `gpu-assigned` is measured.
+   writes nothing itself; a pod the records named is marked `gpu-assigned` at once, its write
+   apart from the call). Latency per call, as the caller sees it: p50, p99. Then, as the
+   kubelet admitting them, every pod's phase is set Running, and the time from the last call
+   until all are marked is measured (how far the marks trail the calls).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -106,8 +108,8 @@ async def first_message(spec: str, socket_dir: Path) -> dict[str, Any]:
 class KubeletRecords(records_grpc.PodResourcesListerServicer):
     """The kubelet's pod-resources `List` while it admits the benchmark's pods in order: the
     plugin reads it in every Allocate to know which pod the call is for. Each answer is built
-    before the call it serves, so that the latency measured is the plugin's, not this
-    stand-in's."""
+    before the call it serves: of this stand-in's work, the latency measured holds only the
+    answer's encoding (about 0.3 ms for 500 pods)."""
 
     def __init__(self, ids: list[str]) -> None:
         self._holding = records_pb2.ContainerDevices(
@@ -221,27 +223,30 @@ async def allocate_latency(pods: int, workdir: Path) -> dict[str, Any]:
             core = client.CoreV1Api(api)
             await create_gpu_node(core, FakeGpuNode(name="gpu-node", gpu_memory=0, gpu_number=0))
             await bound_pods(core, "gpu-node", pods)
-            node_dir = Path(tempfile.mkdtemp(prefix="bench-dp-"))
-            socket_dir = node_dir / "device-plugins"
-            socket_dir.mkdir()
-            ids = [f"0-{k}" for k in range(POD_UNITS)]
-            records = KubeletRecords(ids)
-            records_path = pod_resources_socket(socket_dir)
-            records_path.parent.mkdir()
-            kubelet = grpc.aio.server()
-            records_grpc.add_PodResourcesListerServicer_to_server(records, kubelet)  # type: ignore[no-untyped-call]
-            kubelet.add_insecure_port(f"unix://{records_path}")
-            await kubelet.start()
-            plugin = PluginProcess(
-                node="gpu-node",
-                kubeconfig=plane.kubeconfig,
-                socket_dir=socket_dir,
-                fake_gpus=f"8x{CARD_MIB}",
-                log=workdir / "plugin.log",
-                args=[f"--gpu-memory-factor={UNIT_MIB}"],
-            )
-            plugin.start(wait_registered=False)
-            try:
+            async with contextlib.AsyncExitStack() as stack:
+                node_dir = Path(tempfile.mkdtemp(prefix="bench-dp-"))
+                stack.callback(shutil.rmtree, node_dir, ignore_errors=True)
+                socket_dir = node_dir / "device-plugins"
+                socket_dir.mkdir()
+                ids = [f"0-{k}" for k in range(POD_UNITS)]
+                records = KubeletRecords(ids)
+                records_path = pod_resources_socket(socket_dir)
+                records_path.parent.mkdir()
+                kubelet = grpc.aio.server()
+                records_grpc.add_PodResourcesListerServicer_to_server(records, kubelet)  # type: ignore[no-untyped-call]
+                kubelet.add_insecure_port(f"unix://{records_path}")
+                await kubelet.start()  # before the plugin: it reads the records once at start
+                stack.push_async_callback(kubelet.stop, None)
+                plugin = PluginProcess(
+                    node="gpu-node",
+                    kubeconfig=plane.kubeconfig,
+                    socket_dir=socket_dir,
+                    fake_gpus=f"8x{CARD_MIB}",
+                    log=workdir / "plugin.log",
+                    args=[f"--gpu-memory-factor={UNIT_MIB}"],
+                )
+                stack.callback(plugin.stop)
+                plugin.start(wait_registered=False)
                 await asyncio.to_thread(plugin.wait_logged, "waiting for the kubelet", timeout_s=60)
                 path = socket_dir / SOCKET_NAMES[GpuKind.MEMORY]
                 latencies = []
@@ -257,19 +262,15 @@ async def allocate_latency(pods: int, workdir: Path) -> dict[str, Any]:
                         started = time.perf_counter()
                         await stub.Allocate(request)
                         latencies.append(time.perf_counter() - started)
-                admitted = time.perf_counter()
+                last_call = time.perf_counter()
                 assigned = await admit_all(core, seconds=60)
-                marked_s = time.perf_counter() - admitted
-            finally:
-                plugin.stop()
-                await kubelet.stop(grace=None)
-                shutil.rmtree(node_dir, ignore_errors=True)
+                marked_s = time.perf_counter() - last_call
     ordered = sorted(latencies)
     return {
         "pods_bound_to_node": pods,
         "calls_timed": len(latencies),
         "pods_marked_assigned": assigned,
-        "admitted_to_all_marked_s": round(marked_s, 2),
+        "last_call_to_all_marked_s": round(marked_s, 2),
         "allocate_p50_ms": round(statistics.median(ordered) * 1000, 2),
         "allocate_p99_ms": round(ordered[int(len(ordered) * 0.99) - 1] * 1000, 2),
         "allocate_max_ms": round(ordered[-1] * 1000, 2),

@@ -8,7 +8,8 @@ it yet, and record the containers served. Allocate writes nothing itself: `gpu-a
 kubelet admitted it (the call names device ids, not the pod: a guess may have been served
 under another pod's name). Without the records the operator keeps pods of the same request
 on one card (the exactness rule), so whichever of them the kubelet starts, the grant names its
-card; a start never waits on the apiserver.
+card, and a call whose candidates hold different cards is refused rather than guessed; a
+start never waits on the apiserver.
 """
 
 from __future__ import annotations
