@@ -177,17 +177,18 @@ func (noOtherResources) GetDynamicResources(*v1.Pod, *v1.Container) []*podresour
 	return nil
 }
 
-// servePodResources serves the kubelet's v1 pod-resources server, with its rate limit, on
-// socket until ctx ends.
-func (k *kubelet) servePodResources(ctx context.Context, socket string) error {
+// listen opens the unix socket at socket (a stale one removed first).
+func listen(socket string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(socket), 0o755); err != nil {
-		return err
+		return nil, err
 	}
 	_ = os.Remove(socket)
-	listener, err := net.Listen("unix", socket)
-	if err != nil {
-		return err
-	}
+	return net.Listen("unix", socket)
+}
+
+// servePodResources serves the kubelet's v1 pod-resources server, with its rate limit, on
+// listener until ctx ends.
+func (k *kubelet) servePodResources(ctx context.Context, listener net.Listener) {
 	server := grpc.NewServer(apisgrpc.WithRateLimiter(ctx, "podresources", podresources.DefaultQPS, podresources.DefaultBurstTokens))
 	providers := podresources.PodResourcesProviders{
 		Pods: &k.known, Devices: devices{k.manager}, Cpus: noOtherResources{},
@@ -198,7 +199,9 @@ func (k *kubelet) servePodResources(ctx context.Context, socket string) error {
 		<-ctx.Done()
 		server.Stop()
 	}()
-	return server.Serve(listener)
+	if err := server.Serve(listener); err != nil && ctx.Err() == nil {
+		klog.Fatalf("pod-resources API: %v", err)
+	}
 }
 
 // admission is the kubelet's verdict on a pod, written to its status (retried on failure).
@@ -255,21 +258,23 @@ func main() {
 		UpdateFunc: func(_, obj any) { enqueue(obj) },
 	})
 
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if *podResourcesSocket != "" {
+		// Served before the device manager opens its socket, as a real kubelet serves it:
+		// a device plugin asks once, when it registers, whether the records can be read.
+		listener, err := listen(*podResourcesSocket)
+		if err != nil {
+			klog.Fatalf("pod-resources API on %s: %v", *podResourcesSocket, err)
+		}
+		go k.servePodResources(ctx, listener)
+	}
 	logger := klog.Background()
 	if err := manager.Start(logger, k.activePods, allSourcesReady{}, containermap.NewContainerMap(), sets.New[string]()); err != nil {
 		klog.Fatalf("device manager start: %v", err)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	factory.Start(ctx.Done())
 	factory.WaitForCacheSync(ctx.Done())
-	if *podResourcesSocket != "" {
-		go func() {
-			if err := k.servePodResources(ctx, *podResourcesSocket); err != nil && ctx.Err() == nil {
-				klog.Fatalf("pod-resources API on %s: %v", *podResourcesSocket, err)
-			}
-		}()
-	}
 	go k.copyCapacity(ctx, *interval)
 	go k.heartbeat(ctx)
 	worker := make(chan struct{})
