@@ -26,6 +26,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -89,6 +90,7 @@ type kubelet struct {
 	byUID    sync.Map                // UID -> namespace/name
 	admitted map[types.UID]admission // decided once; the status is written until it sticks
 	known    knownPods               // the pod manager: pods whose admission has begun
+	synced   atomic.Bool             // the pod informer has listed: active pods can be told
 }
 
 // knownPods is the kubelet's pod manager as the pod-resources API reads it: a pod is added
@@ -151,9 +153,18 @@ func (p *knownPods) GetPodByName(namespace, name string) (*v1.Pod, bool) {
 
 // devices answers the pod-resources API from the device manager, as the kubelet's container
 // manager does (without topology: the fake cards have none).
-type devices struct{ manager *devicemanager.ManagerImpl }
+type devices struct {
+	manager *devicemanager.ManagerImpl
+	synced  *atomic.Bool
+}
 
-func (d devices) UpdateAllocatedDevices() { d.manager.UpdateAllocatedDevices() }
+// UpdateAllocatedDevices frees the devices of pods no longer active, once the pod informer
+// has listed them: served before, a List would free every pod's devices the checkpoint held.
+func (d devices) UpdateAllocatedDevices() {
+	if d.synced.Load() {
+		d.manager.UpdateAllocatedDevices()
+	}
+}
 
 func (d devices) GetDevices(podUID, containerName string) []*podresourcesapi.ContainerDevices {
 	var held []*podresourcesapi.ContainerDevices
@@ -191,7 +202,7 @@ func listen(socket string) (net.Listener, error) {
 func (k *kubelet) servePodResources(ctx context.Context, listener net.Listener) {
 	server := grpc.NewServer(apisgrpc.WithRateLimiter(ctx, "podresources", podresources.DefaultQPS, podresources.DefaultBurstTokens))
 	providers := podresources.PodResourcesProviders{
-		Pods: &k.known, Devices: devices{k.manager}, Cpus: noOtherResources{},
+		Pods: &k.known, Devices: devices{k.manager, &k.synced}, Cpus: noOtherResources{},
 		Memory: noOtherResources{}, DynamicResources: noOtherResources{},
 	}
 	podresourcesapi.RegisterPodResourcesListerServer(server, podresources.NewV1PodResourcesServer(ctx, providers))
@@ -274,7 +285,12 @@ func main() {
 		klog.Fatalf("device manager start: %v", err)
 	}
 	factory.Start(ctx.Done())
-	factory.WaitForCacheSync(ctx.Done())
+	for _, synced := range factory.WaitForCacheSync(ctx.Done()) {
+		if !synced {
+			return // stopped before the pods were listed
+		}
+	}
+	k.synced.Store(true)
 	go k.copyCapacity(ctx, *interval)
 	go k.heartbeat(ctx)
 	worker := make(chan struct{})
