@@ -106,6 +106,11 @@ class Reporter:
         async def report() -> None:
             version, transition = resource_version, not already
             for attempt in range(2):
+                if self._last.get(pod.uid) != message:
+                    # A newer reason was decided since (its own report, perhaps on another
+                    # worker, writes it), or the pod was bound or forgotten: an older one
+                    # written now, over a 409 or unconditionally, would stand in its place.
+                    return
                 try:
                     await _written(
                         functools.partial(

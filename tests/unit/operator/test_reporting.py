@@ -151,3 +151,45 @@ async def test_a_busy_apiserver_is_waited_for_and_a_refusal_reported_again_later
         ("condition", ("no room", 2)),
         ("event", (FAILED_SCHEDULING, "no room")),
     ]
+
+
+class Overtaken(Api):
+    """The older reason's write is answered only once the newer one has landed, and then
+    with a conflict (the newer write changed the pod), as two workers can race."""
+
+    OLDER, NEWER = "1 of 2 pods exist", "cannot be placed together"
+
+    def __init__(self) -> None:
+        super().__init__(pod=read(node=None, version="7"))
+        self.newer_landed = asyncio.Event()
+
+    async def set_unschedulable(
+        self, pod: PodRef, reason: str, message: str, version: int | None, **__: Any
+    ) -> None:
+        if message == self.OLDER and version == 1:
+            await self.newer_landed.wait()
+            self.writes.append(("condition", (message, version)))
+            raise CHANGED
+        self.writes.append(("condition", (message, version)))
+        self.newer_landed.set()
+
+
+async def test_an_older_reason_never_overwrites_a_newer_one_that_landed_first() -> None:
+    api = Overtaken()
+    reporter = Reporter(api)  # type: ignore[arg-type]  # its four writes are all it makes
+    running = asyncio.create_task(reporter.run())
+    try:
+        reporter.unschedulable(POD, Overtaken.OLDER, 1, already=False)
+        reporter.unschedulable(POD, Overtaken.NEWER, 1, already=False)
+        async with asyncio.timeout(5):
+            while ("event", (FAILED_SCHEDULING, Overtaken.NEWER)) not in api.writes:
+                api.wrote.clear()
+                await api.wrote.wait()
+        for _ in range(50):  # let the older report's worker finish
+            await asyncio.sleep(0)
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+    conditions = [detail for what, detail in api.writes if what == "condition"]
+    assert conditions[-1][0] == Overtaken.NEWER
+    assert ("event", (FAILED_SCHEDULING, Overtaken.OLDER)) not in api.writes
