@@ -548,19 +548,19 @@ async def raw_bind(kubeconfig: Path, namespace: str, part: int, parts: int, node
         pods = sorted(listed["items"], key=lambda p: p["metadata"]["name"])[part::parts]
         limit = asyncio.Semaphore(IN_FLIGHT)
 
-        binder = KubeSchedulerApi(api, identity="raw", timeout_s=60)
+        async with KubeSchedulerApi(api, identity="raw", timeout_s=60) as binder:
 
-        async def bind(number: int, body: dict[str, Any]) -> None:
-            annotations = {
-                contract.GPU_INDEX: str(number % 8),
-                contract.PREDICATE_TIME: str(time.time_ns()),
-                contract.GPU_ASSIGNED: contract.GPU_ASSIGNED_FALSE,
-            }
-            async with limit:
-                await binder.bind(pod_ref(body), node_name(number % nodes), annotations)
+            async def bind(number: int, body: dict[str, Any]) -> None:
+                annotations = {
+                    contract.GPU_INDEX: str(number % 8),
+                    contract.PREDICATE_TIME: str(time.time_ns()),
+                    contract.GPU_ASSIGNED: contract.GPU_ASSIGNED_FALSE,
+                }
+                async with limit:
+                    await binder.bind(pod_ref(body), node_name(number % nodes), annotations)
 
-        started = time.time()
-        await asyncio.gather(*(bind(part + i * parts, p) for i, p in enumerate(pods)))
+            started = time.time()
+            await asyncio.gather(*(bind(part + i * parts, p) for i, p in enumerate(pods)))
         print(json.dumps({"started": started, "ended": time.time(), "bound": len(pods)}))
 
 

@@ -5,8 +5,10 @@ control plane. A benchmark, not a test: it prints a table and writes JSON.
     python bench/server_cost.py [--writes 2000] [--rounds 3] [--pod-shape workload|minimal]
                                 [--json out.json]
 
-Each variant sends `--writes` writes, 32 in flight (one connection each, HTTP/1.1, protobuf
-bodies, as the operator sends them), and is charged the apiserver's and etcd's CPU from its
+Each variant sends `--writes` writes, 32 in flight (protobuf bodies on one HTTP/2 connection,
+as the operator sends them; the JSON Events on HTTP/1.1, a connection each, as
+kubernetes_asyncio sends them: results before 2026-12-06 had every write on HTTP/1.1), and is
+charged the apiserver's and etcd's CPU from its
 first write to its last answer; variants take turns over `--rounds` rounds, in a new order
 each round, and each figure is the median over the rounds:
 - Bindings of pending pods, as kube-scheduler sends them (node only) and as the operator does
@@ -40,6 +42,7 @@ from kubernetes_asyncio import client
 
 from gpushare import kube
 from gpushare.kube import protobuf
+from gpushare.kube.http2 import Http2Writer
 from gpushare.model import contract
 from gpushare_harness import ControlPlane
 from gpushare_harness.benchargs import positive
@@ -81,7 +84,7 @@ def scheduled_event(pod: str, uid: str, *, name: str | None) -> dict[str, Any]:
     }
 
 
-Write = Callable[[client.ApiClient, int, dict[str, Any]], Awaitable[bytes]]
+Write = Callable[[client.ApiClient, Http2Writer, int, dict[str, Any]], Awaitable[bytes]]
 
 
 LEADER_TERM = "gpushare-system/gpushare-operator/gpushare-operator-5d8f7c9b6-x2k4q/3"
@@ -92,7 +95,9 @@ def bind(annotated: bool, *, term: bool = False) -> Write:
     """Bindings: the node only, with Volcano's annotations, and with the leader's term (its
     annotation and label, which the apiserver copies onto the pod as well)."""
 
-    async def write(api: client.ApiClient, number: int, pod: dict[str, Any]) -> bytes:
+    async def write(
+        _api: client.ApiClient, writer: Http2Writer, number: int, pod: dict[str, Any]
+    ) -> bytes:
         meta = pod["metadata"]
         annotations = volcano_annotations(number) if annotated else {}
         if term:
@@ -106,7 +111,7 @@ def bind(annotated: bool, *, term: bool = False) -> Write:
             node=f"node-{number % NODES:04d}",
         )
         path = f"/api/v1/namespaces/{NAMESPACE}/pods/{meta['name']}/binding"
-        return await kube.post_protobuf(api, path, body, timeout_s=60)
+        return await writer.post_protobuf(path, body)
 
     return write
 
@@ -116,7 +121,9 @@ def announce(how: str) -> Write:
     name, a dot, a hex timestamp), JSON with a generateName ("generated"), or the operator's
     own protobuf body with a generateName ("operator")."""
 
-    async def write(api: client.ApiClient, number: int, pod: dict[str, Any]) -> bytes:
+    async def write(
+        api: client.ApiClient, writer: Http2Writer, _number: int, pod: dict[str, Any]
+    ) -> bytes:
         meta = pod["metadata"]
         path = f"/api/v1/namespaces/{NAMESPACE}/events"
         if how == "operator":
@@ -131,7 +138,7 @@ def announce(how: str) -> Write:
                 instance="cost-1",
                 at_s=int(time.time()),
             )
-            return await kube.post_protobuf(api, path, body, timeout_s=60)
+            return await writer.post_protobuf(path, body)
         name = f"{meta['name']}.{time.time_ns():x}" if how == "named" else None
         core = client.CoreV1Api(api)
         event = scheduled_event(meta["name"], meta["uid"], name=name)
@@ -183,14 +190,17 @@ async def measure(
     pids = [plane.pids()["kube-apiserver"], plane.pids()["etcd"]]
     assert plane.endpoints is not None
     etcd_url = plane.endpoints.etcd
-    async with await kube.api_client(plane.kubeconfig, connections=in_flight) as api:
+    async with (
+        await kube.api_client(plane.kubeconfig, connections=in_flight) as api,
+        Http2Writer(api.configuration, timeout_s=60, user_agent="cost") as writer,
+    ):
         prefix = f"r{round_number}-{list(VARIANTS).index(label)}"
         pods = await pending_pods(api, writes, prefix, in_flight, shape)
         limit = asyncio.Semaphore(in_flight)
 
         async def one(number: int, pod: dict[str, Any]) -> None:
             async with limit:
-                await write(api, number, pod)
+                await write(api, writer, number, pod)
 
         calls_before = await etcd_calls(etcd_url)
         before = [cpu_seconds(p) for p in pids]

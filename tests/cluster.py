@@ -176,8 +176,12 @@ async def bind_pod(
 ) -> None:
     """Bind `pod` as the operator does: its own Binding (protobuf, UID precondition,
     annotations with it)."""
-    api = KubeSchedulerApi(core.api_client, identity="test", timeout_s=30)  # type: ignore[attr-defined]
-    await api.bind(pod_ref(pod), node, annotations)
+    async with KubeSchedulerApi(
+        core.api_client,  # type: ignore[attr-defined]
+        identity="test",
+        timeout_s=30,
+    ) as api:
+        await api.bind(pod_ref(pod), node, annotations)
 
 
 def dev(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:

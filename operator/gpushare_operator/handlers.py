@@ -45,6 +45,10 @@ from gpushare_operator.webhook import (
 _RUNTIME = "gpushare"
 _CONFIG = "gpushare_config"
 _SYNC_TIMEOUT_S = 300.0
+_CONNECTIONS = 64
+"""The ApiClient's HTTP/1.1 connections: its calls beside the Bindings are a few at a time (the
+reporter's 4 workers, status writes, evictions), but for the reads that follow failed
+Bindings, which wait their turn."""
 
 
 def kopf_memo(config: OperatorConfig) -> kopf.Memo:
@@ -70,15 +74,16 @@ async def startup(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> No
     settings.posting.level = logging.WARNING
     settings.scanning.disabled = True
     settings.watching.server_timeout = 300
-    # A connection per call in flight (HTTP/1.1): every bind the option allows, and the
-    # watches, reports and status writes beside them.
-    api_client = await kube.api_client(connections=config.max_concurrent_binds + 64)
+    # HTTP/1.1, a connection per call in flight: the watches, reads, reports, status writes
+    # and evictions. Bindings and Events go over HTTP/2 connections of their own (kubeapi).
+    api_client = await kube.api_client(connections=_CONNECTIONS)
     api = KubeSchedulerApi(api_client, identity=config.identity, timeout_s=config.bind_timeout_s)
     state = Runtime(config=config, api=api, on_failure=_stop_operator)
     api.fence_leader_writes(state.fence.check, state.fence.stamp)
     state.metrics.serve(config.metrics_port)
     memo[_RUNTIME] = state
     memo["gpushare_api_client"] = api_client
+    memo["gpushare_api"] = api
     settings.admission.managed = None
     if config.webhook_port:
         if config.webhook_cert_dir:  # another issuer's (cert-manager): it keeps the caBundle
@@ -139,6 +144,9 @@ async def cleanup(*, memo: Any, **_: Any) -> None:
     state = memo.get(_RUNTIME)
     if isinstance(state, Runtime):
         await state.stop()
+    api = memo.get("gpushare_api")
+    if isinstance(api, KubeSchedulerApi):
+        await api.close()
     api_client = memo.get("gpushare_api_client")
     if api_client is not None:
         await api_client.close()

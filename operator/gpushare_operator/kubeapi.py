@@ -22,15 +22,17 @@ from typing import Any, Protocol, cast
 import aiohttp
 from kubernetes_asyncio import client
 
-from gpushare.kube import ApiError, post_protobuf, protobuf, raw_json, read_pod
+from gpushare.kube import ApiError, protobuf, raw_json, read_pod
 from gpushare.kube.clock import rfc3339
+from gpushare.kube.http2 import Http2Writer
 from gpushare.kube.reflector import ListCall
 from gpushare.model import PodRef, contract
 from gpushare.model.gangs import PLURAL, GroupApi, GroupKey
 
 COMPONENT = "gpushare-scheduler"
-LEADER_WRITES = ("/binding", "/eviction")
-"""The paths of the writes only the leader may send (`KubeSchedulerApi.fence_leader_writes`)."""
+EVICTION = "/eviction"
+"""The path of the writes only the leader may send besides Bindings
+(`KubeSchedulerApi.fence_leader_writes`)."""
 
 
 class SchedulerApi(Protocol):
@@ -118,6 +120,10 @@ def _fenced(stamp: Mapping[str, str]) -> dict[str, str]:
     return {contract.FENCED_LABEL: "true"} if stamp else {}
 
 
+def _unfenced(_write: str) -> None:
+    """No fence: an operator that does not elect a leader."""
+
+
 @contextlib.contextmanager
 def _term_over() -> Iterator[None]:
     """The policy's refusal of a write sent in a term that is over, raised as Fenced: the
@@ -143,8 +149,21 @@ class KubeSchedulerApi:
         self._admission = client.AdmissionregistrationV1Api(api)
         self._identity = identity
         self._timeout = timeout_s
+        self._writer = Http2Writer(api.configuration, timeout_s=timeout_s, user_agent=COMPONENT)
         self._stamp: Callable[[], Mapping[str, str]] = dict
         """The term a leader's write names (`fence_leader_writes`)."""
+        self._check_leading: Callable[[str], None] = _unfenced
+        """The fence's last ask before a Binding goes out (`fence_leader_writes`)."""
+
+    async def close(self) -> None:
+        """Close the HTTP/2 connections of Bindings and Events (the ApiClient is the caller's)."""
+        await self._writer.close()
+
+    async def __aenter__(self) -> KubeSchedulerApi:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
 
     def fence_leader_writes(
         self, check: Callable[[str], None], stamp: Callable[[], Mapping[str, str]]
@@ -152,22 +171,24 @@ class KubeSchedulerApi:
         """Have each Binding and eviction carry `stamp()` (`WriteFence.stamp`: the Lease term
         it is sent in, which the apiserver's policy gpushare-leader-writes compares with the
         Lease's), and `check` (`WriteFence.check`, which raises when this replica may no longer
-        lead) asked again for each as its bytes are about to go out: once
-        its connection is had, so no wait for the pool or a TLS handshake lies between the
-        check and the send (on Python 3.11 one turn of the event loop does: aiohttp writes the
-        body from a task of its own, started at once from 3.12 on). The writers' own check,
+        lead) asked again for each as its bytes are about to go out. The writers' own check,
         made before, cannot see a pause (SIGSTOP, a stalled VM) that falls after it: such a
         bind went out on resume, after the standby had taken over, and overfilled a card. A
-        fenced request is refused before a byte is written, its connection closed."""
+        fenced request is refused before a byte is written. A Binding is asked as it is handed
+        to the HTTP/2 connections (`Http2Writer`: a TLS handshake lies between only when it
+        needs a new one); an eviction once its aiohttp connection is had (on Python 3.11 one
+        turn of the event loop still lies between: aiohttp writes the body from a task of its
+        own, started at once from 3.12 on), its connection closed."""
 
         self._stamp = stamp
+        self._check_leading = check
 
         async def headers_ready(
             _session: aiohttp.ClientSession,
             _context: object,
             params: aiohttp.TraceRequestHeadersSentParams,
         ) -> None:
-            if params.url.path.endswith(LEADER_WRITES):
+            if params.url.path.endswith(EVICTION):
                 check(f"{params.method} {params.url.path}")
 
         trace = aiohttp.TraceConfig()
@@ -210,7 +231,9 @@ class KubeSchedulerApi:
         )
         path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding"
         with _term_over():
-            await post_protobuf(self._api, path, body, timeout_s=self._timeout)
+            await self._writer.post_protobuf(
+                path, body, sending=lambda: self._check_leading(f"POST {path}")
+            )
 
     async def read_pod(self, pod: PodRef) -> dict[str, Any] | None:
         return await read_pod(self._core, pod.name, pod.namespace, pod.uid, timeout_s=self._timeout)
@@ -299,7 +322,7 @@ class KubeSchedulerApi:
         )
         kept_in = namespace or protobuf.EVENTS_OF_CLUSTER_OBJECTS
         path = f"/api/v1/namespaces/{kept_in}/events"
-        return await post_protobuf(self._api, path, body, timeout_s=self._timeout)
+        return await self._writer.post_protobuf(path, body)
 
     async def repeat_event(self, namespace: str, name: str, *, message: str, count: int) -> None:
         change = {"message": message, "count": count, "lastTimestamp": rfc3339()}

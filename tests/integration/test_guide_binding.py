@@ -138,31 +138,33 @@ async def test_the_scheduled_event_reads_as_kubectl_shows_it(
 ) -> None:
     await core.create_namespaced_pod(namespace, guide_pod("gpu-pod4", namespace))
     pod = await raw_pod(core, "gpu-pod4", namespace)
-    api = KubeSchedulerApi(api_client, identity="gpushare-0", timeout_s=30)
-    message = "Successfully assigned ns/gpu-pod4 to n, card 0 (10.0 GiB free left on the card)"
-    name = await api.post_event(
-        pod_ref(pod), event_type="Normal", reason="Scheduled", message=message
-    )
-    assert name.startswith("gpu-pod4.")
-    [event] = await events_of(core, "gpu-pod4", namespace)
-    assert event["metadata"]["name"] == name
-    assert event["involvedObject"] == {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "namespace": namespace,
-        "name": "gpu-pod4",
-        "uid": pod["metadata"]["uid"],
-    }
-    assert (event["type"], event["reason"], event["message"]) == ("Normal", "Scheduled", message)
-    assert event["source"] == {"component": COMPONENT}
-    assert (event["reportingComponent"], event["reportingInstance"]) == (COMPONENT, "gpushare-0")
-    assert event["count"] == 1
-    assert event["firstTimestamp"] == event["lastTimestamp"]
-    assert abs(parse_time(event["lastTimestamp"]) - time.time()) < 60  # type: ignore[operator]
+    async with KubeSchedulerApi(api_client, identity="gpushare-0", timeout_s=30) as api:
+        message = "Successfully assigned ns/gpu-pod4 to n, card 0 (10.0 GiB free left on the card)"
+        name = await api.post_event(
+            pod_ref(pod), event_type="Normal", reason="Scheduled", message=message
+        )
+        assert name.startswith("gpu-pod4.")
+        [event] = await events_of(core, "gpu-pod4", namespace)
+        assert event["metadata"]["name"] == name
+        assert event["involvedObject"] == {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": namespace,
+            "name": "gpu-pod4",
+            "uid": pod["metadata"]["uid"],
+        }
+        shown = (event["type"], event["reason"], event["message"])
+        assert shown == ("Normal", "Scheduled", message)
+        assert event["source"] == {"component": COMPONENT}
+        reporter = (event["reportingComponent"], event["reportingInstance"])
+        assert reporter == (COMPONENT, "gpushare-0")
+        assert event["count"] == 1
+        assert event["firstTimestamp"] == event["lastTimestamp"]
+        assert abs(parse_time(event["lastTimestamp"]) - time.time()) < 60  # type: ignore[operator]
 
-    await api.repeat_event(namespace, name, message="again", count=2)
-    [again] = await events_of(core, "gpu-pod4", namespace)
-    assert (again["message"], again["count"]) == ("again", 2)
+        await api.repeat_event(namespace, name, message="again", count=2)
+        [again] = await events_of(core, "gpu-pod4", namespace)
+        assert (again["message"], again["count"]) == ("again", 2)
 
 
 async def test_a_binding_or_eviction_refused_by_the_fence_as_it_goes_out_is_never_sent(
@@ -172,23 +174,23 @@ async def test_a_binding_or_eviction_refused_by_the_fence_as_it_goes_out_is_neve
     # its connection, for a replica paused in between (the Lease was stale by the time).
     await core.create_namespaced_pod(namespace, guide_pod("gpu-pod5", namespace))
     pod = pod_ref(await raw_pod(core, "gpu-pod5", namespace))
-    api = KubeSchedulerApi(api_client, identity="gpushare-0", timeout_s=30)
-    leading = [False]
-    term = "gpushare-system/gpushare-scheduler/gpushare-0/0"
-    fence = WriteFence(lambda: leading[0], lambda: term)
-    api.fence_leader_writes(fence.check, fence.stamp)
-    with pytest.raises(Fenced, match="binding not sent"):
-        await api.bind(pod, "n", {contract.GPU_INDEX: "0"})
-    with pytest.raises(Fenced, match="eviction not sent"):
-        await api.evict(pod)
-    assert "nodeName" not in (await raw_pod(core, "gpu-pod5", namespace))["spec"]
-    await api.post_event(pod, event_type="Normal", reason="Test", message="other writes go on")
+    async with KubeSchedulerApi(api_client, identity="gpushare-0", timeout_s=30) as api:
+        leading = [False]
+        term = "gpushare-system/gpushare-scheduler/gpushare-0/0"
+        fence = WriteFence(lambda: leading[0], lambda: term)
+        api.fence_leader_writes(fence.check, fence.stamp)
+        with pytest.raises(Fenced, match="binding not sent"):
+            await api.bind(pod, "n", {contract.GPU_INDEX: "0"})
+        with pytest.raises(Fenced, match="eviction not sent"):
+            await api.evict(pod)
+        assert "nodeName" not in (await raw_pod(core, "gpu-pod5", namespace))["spec"]
+        await api.post_event(pod, event_type="Normal", reason="Test", message="other writes go on")
 
-    leading[0] = True
-    await api.bind(pod, "n", {contract.GPU_INDEX: "0"})
-    bound = await raw_pod(core, "gpu-pod5", namespace)
-    assert bound["spec"]["nodeName"] == "n"
-    # The term it was sent in, and the label that sent the Binding to the apiserver's policy
-    # (the apiserver copies a Binding's labels to the pod too, from 1.35 on).
-    assert bound["metadata"]["annotations"][contract.LEADER_TERM] == term
-    assert bound["metadata"]["labels"][contract.FENCED_LABEL] == "true"
+        leading[0] = True
+        await api.bind(pod, "n", {contract.GPU_INDEX: "0"})
+        bound = await raw_pod(core, "gpu-pod5", namespace)
+        assert bound["spec"]["nodeName"] == "n"
+        # The term it was sent in, and the label that sent the Binding to the apiserver's policy
+        # (the apiserver copies a Binding's labels to the pod too, from 1.35 on).
+        assert bound["metadata"]["annotations"][contract.LEADER_TERM] == term
+        assert bound["metadata"]["labels"][contract.FENCED_LABEL] == "true"

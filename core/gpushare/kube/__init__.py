@@ -11,6 +11,8 @@
   short (`pause`).
 - `protobuf`: the Binding and the Event, the two bodies sent for every pod bound, encoded as
   kube-scheduler sends them (cheaper for the apiserver to decode than JSON).
+- `http2`: those two sent over HTTP/2, as kube-scheduler sends them (the operator's alone: its
+  client library, pyreqwest, is the operator's dependency, not the CLI's or the plugin's).
 - `clock`: the timestamps Kubernetes objects carry (RFC 3339, MicroTime), written and read.
 
 The names callers use most are re-exported here: `from gpushare.kube import ApiError`.
@@ -18,7 +20,6 @@ The names callers use most are re-exported here: `from gpushare.kube import ApiE
 
 from gpushare.kube.client import (
     api_client,
-    post_protobuf,
     raw_json,
     read_pod,
 )
@@ -29,7 +30,6 @@ __all__ = [
     "ApiError",
     "ApiUnreachable",
     "api_client",
-    "post_protobuf",
     "raw_json",
     "read_pod",
     "transient",

@@ -1,10 +1,9 @@
 """The thin layer under every Kubernetes call of gpushare: client set-up and raw responses.
 
-kubernetes_asyncio deserialises responses into its generated models. Two reasons to read the
-raw JSON instead: the pod Binding endpoint answers with a Status that the generated client
-cannot parse as the V1Binding its OpenAPI spec promises (kubernetes/kubernetes#80663), and
-model objects cost CPU on large lists. But a raw response (`_preload_content=False`) is not
-checked by the client at all, so `raw_json` checks the status itself and raises `ApiError`.
+kubernetes_asyncio deserialises responses into its generated models, which cost CPU on large
+lists; gpushare reads the raw JSON instead. But a raw response (`_preload_content=False`) is
+not checked by the client at all, so `raw_json` checks the status itself and raises
+`ApiError`. (The Binding and the Event of every pod bound go over HTTP/2: `http2`.)
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from typing import Any, cast
 import aiohttp
 from kubernetes_asyncio import client, config
 
-from gpushare.kube import protobuf
 from gpushare.kube.errors import ApiError, ApiUnreachable, api_error
 
 
@@ -28,23 +26,6 @@ async def raw_json(call: Awaitable[object]) -> dict[str, Any]:
     body = await _answer(call)
     decoded = json.loads(body) if body else {}
     return decoded if isinstance(decoded, dict) else {}
-
-
-async def post_protobuf(
-    api: client.ApiClient, path: str, body: bytes, *, timeout_s: float
-) -> bytes:
-    """POST a protobuf `body` (gpushare.kube.protobuf) to `path`; the answer's protobuf body.
-    Errors as `raw_json` raises them. The path is sent as it is: its names are DNS labels."""
-    call = api.call_api(
-        path,
-        "POST",
-        header_params={"Content-Type": protobuf.MEDIA_TYPE, "Accept": protobuf.MEDIA_TYPE},
-        body=body,
-        auth_settings=["BearerToken"],
-        _preload_content=False,
-        _request_timeout=timeout_s,
-    )
-    return await _answer(call)
 
 
 async def _answer(call: Awaitable[object]) -> bytes:

@@ -267,15 +267,15 @@ async def test_a_binding_or_eviction_sent_in_a_lease_term_that_is_over_is_refuse
         await raw_json(write("Binding", "other", "elsewhere/lease/op-a/3", dry_run="All"))
 
         # The operator's client takes the refusal as its fence's: the writers requeue.
-        scheduler = KubeSchedulerApi(api, identity="op-a", timeout_s=30)
-        scheduler.fence_leader_writes(lambda _: None, lambda: {contract.LEADER_TERM: over})
-        other = core.read_namespaced_pod("other", "default", _preload_content=False)
-        ref = pod_ref(await raw_json(other))
-        with pytest.raises(Fenced, match=contract.TERM_OVER):
-            await scheduler.bind(ref, "n1", {})
-        late = core.read_namespaced_pod("late", "default", _preload_content=False)
-        with pytest.raises(Fenced, match=contract.TERM_OVER):
-            await scheduler.evict(pod_ref(await raw_json(late)))
+        async with KubeSchedulerApi(api, identity="op-a", timeout_s=30) as scheduler:
+            scheduler.fence_leader_writes(lambda _: None, lambda: {contract.LEADER_TERM: over})
+            other = core.read_namespaced_pod("other", "default", _preload_content=False)
+            ref = pod_ref(await raw_json(other))
+            with pytest.raises(Fenced, match=contract.TERM_OVER):
+                await scheduler.bind(ref, "n1", {})
+            late = core.read_namespaced_pod("late", "default", _preload_content=False)
+            with pytest.raises(Fenced, match=contract.TERM_OVER):
+                await scheduler.evict(pod_ref(await raw_json(late)))
 
 
 async def test_a_pods_placement_record_is_written_by_gpushare_alone(

@@ -1,0 +1,167 @@
+"""The operator's Bindings and Events over HTTP/2: which apiserver it trusts and how it says no."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from kubernetes_asyncio import client
+
+from gpushare import certs
+from gpushare.kube import ApiUnreachable
+from gpushare.kube.http2 import Http2Writer
+
+VALID = datetime.timedelta(hours=1)
+SETTINGS = bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+"""An HTTP/2 SETTINGS frame with none (length 0, type 4, no flags, stream 0)."""
+SETTINGS_ACK = bytes([0, 0, 0, 4, 1, 0, 0, 0, 0])
+
+
+class TlsServer:
+    """A TLS server on loopback that offers HTTP/2 and HTTP/1.1, notes what each connection
+    chose, and hangs up without an answer (or, `silent`, reads on and never answers)."""
+
+    def __init__(self, issued: certs.Issued, directory: Path, *, silent: bool = False) -> None:
+        self.silent = silent
+        (directory / "server.crt").write_bytes(issued.cert)
+        (directory / "server.key").write_bytes(issued.key)
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.load_cert_chain(directory / "server.crt", directory / "server.key")
+        self.context.set_alpn_protocols(["h2", "http/1.1"])
+        self.chosen: list[str | None] = []
+        self.port = 0
+
+    async def _connected(self, _reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.chosen.append(writer.get_extra_info("ssl_object").selected_alpn_protocol())
+        if self.silent:  # an HTTP/2 peer that settled in (SETTINGS, and its ACK), then went quiet
+            writer.write(SETTINGS + SETTINGS_ACK)
+            while await _reader.read(65536):
+                pass
+        writer.close()
+
+    async def start(self) -> asyncio.Server:
+        server = await asyncio.start_server(self._connected, "127.0.0.1", 0, ssl=self.context)
+        self.port = server.sockets[0].getsockname()[1]
+        return server
+
+
+@pytest.fixture
+def ca(tmp_path: Path) -> certs.Issued:
+    issued = certs.new_ca("cluster-ca", valid=VALID)
+    (tmp_path / "ca.crt").write_bytes(issued.cert)
+    return issued
+
+
+@pytest_asyncio.fixture
+async def server(ca: certs.Issued, tmp_path: Path) -> AsyncIterator[TlsServer]:
+    tls = TlsServer(certs.issue(ca, "apiserver", valid=VALID, hosts=["kubernetes"]), tmp_path)
+    async with await tls.start():
+        yield tls
+
+
+@pytest_asyncio.fixture
+async def silent_server(ca: certs.Issued, tmp_path: Path) -> AsyncIterator[TlsServer]:
+    issued = certs.issue(ca, "apiserver", valid=VALID, hosts=["127.0.0.1"])
+    tls = TlsServer(issued, tmp_path, silent=True)
+    async with await tls.start():
+        yield tls
+
+
+def configuration(host: str, ca_file: Path | None = None) -> client.Configuration:
+    config = client.Configuration(host=host)
+    config.ssl_ca_cert = None if ca_file is None else str(ca_file)
+    config.api_key = {"BearerToken": "token"}
+    config.api_key_prefix = {"BearerToken": "Bearer"}
+    return config
+
+
+@pytest.mark.asyncio
+async def test_writes_offer_http2_to_the_apiserver_the_kubeconfig_names_by_its_tls_server_name(
+    server: TlsServer, tmp_path: Path
+) -> None:
+    # The certificate names "kubernetes" only: the connection goes to the address and checks
+    # the certificate against the tls-server-name, as client-go does.
+    config = configuration(f"https://127.0.0.1:{server.port}", tmp_path / "ca.crt")
+    config.tls_server_name = "kubernetes"
+    async with Http2Writer(config, timeout_s=5, user_agent="test") as writer:
+        with pytest.raises(ApiUnreachable):
+            await writer.post_protobuf("/api/v1/namespaces/default/pods/p/binding", b"k8s\x00")
+    assert server.chosen == ["h2"]
+
+
+@pytest.mark.asyncio
+async def test_an_apiserver_whose_certificate_another_ca_signed_gets_no_write(
+    server: TlsServer, tmp_path: Path
+) -> None:
+    other = certs.new_ca("other-ca", valid=VALID)
+    (tmp_path / "other.crt").write_bytes(other.cert)
+    config = configuration(f"https://127.0.0.1:{server.port}", tmp_path / "other.crt")
+    config.tls_server_name = "kubernetes"
+    async with Http2Writer(config, timeout_s=5, user_agent="test") as writer:
+        with pytest.raises(ConnectionError, match="certificate"):
+            await writer.post_protobuf("/api/v1/namespaces/default/events", b"k8s\x00")
+    assert server.chosen == []  # no handshake finished: nothing was sent
+
+
+@pytest.mark.asyncio
+async def test_a_connection_gone_silent_is_given_up_after_a_write_times_out(
+    silent_server: TlsServer, tmp_path: Path
+) -> None:
+    config = configuration(f"https://127.0.0.1:{silent_server.port}", tmp_path / "ca.crt")
+    path = "/api/v1/namespaces/default/events"
+    async with Http2Writer(config, timeout_s=1, user_agent="test") as writer:
+        first = asyncio.create_task(writer.post_protobuf(path, b"k8s\x00"))
+        await asyncio.sleep(0.5)
+        second = asyncio.create_task(writer.post_protobuf(path, b"k8s\x00"))
+        outcomes = await asyncio.gather(first, second, return_exceptions=True)
+        assert silent_server.chosen == ["h2"]  # both on one connection
+        # Each unanswered write is an OSError (a TimeoutError, or cut off with the connection).
+        assert all(isinstance(outcome, OSError) for outcome in outcomes), outcomes
+        with pytest.raises(TimeoutError):
+            await writer.post_protobuf(path, b"k8s\x00")
+    assert silent_server.chosen == ["h2", "h2"]  # the next write on a connection of its own
+
+
+@pytest.mark.asyncio
+async def test_the_systems_roots_are_not_trusted_when_the_kubeconfig_names_a_ca(
+    tmp_path: Path, ca: certs.Issued, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The system's roots hold a CA that signed the server's certificate (as a public CA would
+    # sign one for the apiserver's name); the kubeconfig names the cluster's CA only.
+    public = certs.new_ca("public-ca", valid=VALID)
+    (tmp_path / "public.crt").write_bytes(public.cert)
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "public.crt"))
+    tls = TlsServer(certs.issue(public, "apiserver", valid=VALID, hosts=["127.0.0.1"]), tmp_path)
+    async with await tls.start():
+        config = configuration(f"https://127.0.0.1:{tls.port}", tmp_path / "ca.crt")
+        async with Http2Writer(config, timeout_s=5, user_agent="test") as writer:
+            with pytest.raises(ConnectionError, match="certificate"):
+                await writer.post_protobuf("/api/v1/namespaces/default/events", b"k8s\x00")
+        # Without a CA in the kubeconfig, the system's roots are what there is to trust.
+        async with Http2Writer(
+            configuration(f"https://127.0.0.1:{tls.port}"), timeout_s=5, user_agent="test"
+        ) as writer:
+            with pytest.raises(ApiUnreachable):
+                await writer.post_protobuf("/api/v1/namespaces/default/events", b"k8s\x00")
+    assert tls.chosen == ["h2"]  # only the second handshake finished
+
+
+def test_a_kubeconfig_that_skips_verifying_the_apiserver_is_refused_with_the_fix() -> None:
+    config = configuration("https://127.0.0.1:6443")
+    config.verify_ssl = False
+    with pytest.raises(ValueError, match="certificate-authority"):
+        Http2Writer(config, timeout_s=5, user_agent="test")
+
+
+def test_a_tls_server_name_for_a_server_named_by_dns_is_refused_with_the_fix(
+    tmp_path: Path, ca: certs.Issued
+) -> None:
+    config = configuration("https://api.example:6443", tmp_path / "ca.crt")
+    config.tls_server_name = "kubernetes"
+    with pytest.raises(ValueError, match="IP address"):
+        Http2Writer(config, timeout_s=5, user_agent="test")
