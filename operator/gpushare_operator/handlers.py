@@ -46,9 +46,9 @@ _RUNTIME = "gpushare"
 _CONFIG = "gpushare_config"
 _SYNC_TIMEOUT_S = 300.0
 _CONNECTIONS = 64
-"""The ApiClient's HTTP/1.1 connections: its calls beside the Bindings are a few at a time (the
-reporter's 4 workers, status writes, evictions), but for the reads that follow failed
-Bindings, which wait their turn."""
+"""The ApiClient's HTTP/1.1 connections: the reflectors' watches (about 7, each holding one)
+and calls a few at a time (the Lease, the reporter's 4 workers, status writes, evictions),
+but for the reads that follow failed Bindings, which wait their turn."""
 
 
 def kopf_memo(config: OperatorConfig) -> kopf.Memo:
@@ -75,7 +75,7 @@ async def startup(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> No
     settings.scanning.disabled = True
     settings.watching.server_timeout = 300
     # HTTP/1.1, a connection per call in flight: the watches, reads, reports, status writes
-    # and evictions. Bindings and Events go over HTTP/2 connections of their own (kubeapi).
+    # and evictions. Bindings and Events go over an HTTP/2 connection of their own (kubeapi).
     api_client = await kube.api_client(connections=_CONNECTIONS)
     api = KubeSchedulerApi(api_client, identity=config.identity, timeout_s=config.bind_timeout_s)
     state = Runtime(config=config, api=api, on_failure=_stop_operator)

@@ -156,7 +156,7 @@ class KubeSchedulerApi:
         """The fence's last ask before a Binding goes out (`fence_leader_writes`)."""
 
     async def close(self) -> None:
-        """Close the HTTP/2 connections of Bindings and Events (the ApiClient is the caller's)."""
+        """Close the HTTP/2 connection of Bindings and Events (the ApiClient is the caller's)."""
         await self._writer.close()
 
     async def __aenter__(self) -> KubeSchedulerApi:
@@ -175,10 +175,11 @@ class KubeSchedulerApi:
         made before, cannot see a pause (SIGSTOP, a stalled VM) that falls after it: such a
         bind went out on resume, after the standby had taken over, and overfilled a card. A
         fenced request is refused before a byte is written. A Binding is asked as it is handed
-        to the HTTP/2 connections (`Http2Writer`: a TLS handshake lies between only when it
-        needs a new one); an eviction once its aiohttp connection is had (on Python 3.11 one
-        turn of the event loop still lies between: aiohttp writes the body from a task of its
-        own, started at once from 3.12 on), its connection closed."""
+        to its HTTP/2 connection with a stream free for it (`Http2Writer`: a TLS handshake
+        lies between only when the connection is new); an eviction once its aiohttp
+        connection is had (on Python 3.11 one turn of the event loop still lies between:
+        aiohttp writes the body from a task of its own, started at once from 3.12 on), its
+        connection closed."""
 
         self._stamp = stamp
         self._check_leading = check

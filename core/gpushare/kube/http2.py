@@ -17,6 +17,7 @@ the system's roots only when it names none (`_trusting_only`).
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import ipaddress
 import os
@@ -27,11 +28,17 @@ from urllib.parse import urlsplit, urlunsplit
 
 from kubernetes_asyncio import client
 from pyreqwest.client import Client, ClientBuilder
-from pyreqwest.exceptions import RequestTimeoutError, TransportError
+from pyreqwest.exceptions import RequestError, RequestTimeoutError
 from pyreqwest.proxy import ProxyBuilder
 
 from gpushare.kube import protobuf
 from gpushare.kube.errors import ApiUnreachable, api_error
+
+STREAMS = 100
+"""Writes in flight at once: kube-apiserver's streams per HTTP/2 connection unless its
+--http2-max-streams-per-connection says otherwise. hyper opens no second connection to a host
+(client-go's transport does) but queues the rest inside, where a request neither waits for its
+`sending` check nor can be called back: so they wait here instead."""
 
 
 class Http2Writer:
@@ -41,34 +48,42 @@ class Http2Writer:
     ValueError for a configuration it cannot honour, naming the fix."""
 
     def __init__(
-        self, configuration: client.Configuration, *, timeout_s: float, user_agent: str
+        self,
+        configuration: client.Configuration,
+        *,
+        timeout_s: float,
+        user_agent: str,
+        streams: int = STREAMS,
     ) -> None:
         self._configuration = configuration
         self._base = _address(configuration)
         self._client = _client(configuration, timeout_s=timeout_s, user_agent=user_agent)
+        self._streams = asyncio.Semaphore(streams)
 
     async def post_protobuf(
         self, path: str, body: bytes, *, sending: Callable[[], None] = lambda: None
     ) -> bytes:
         """POST `body` to `path`; the answer's protobuf body. ApiError on >= 300 (with the
         Status's message and Retry-After), ApiUnreachable (an OSError) or TimeoutError when
-        no answer came. `sending` is called as the request is handed to the connections, and
-        may raise to send nothing: no wait lies between but a TLS handshake when the request
-        needs a new connection (the first, one lost, or one more while every stream the
-        apiserver allows on the others is in use: 100 by default; client-go's transport opens
-        one more too). The path is sent as it is: its names are DNS labels."""
+        no answer came: a stream reset, a body cut off, a connection dropped are all
+        ApiUnreachable. `sending` is called as the request is handed to the connection, with a
+        stream free for it, and may raise to send nothing: no wait lies between but a TLS
+        handshake when the connection is new (the first, or one lost). A request handed over
+        is sent even if its caller is cancelled meanwhile, as a bind's bytes once written are.
+        The path is sent as it is: its names are DNS labels."""
         request = self._client.post(self._base + path).body_bytes(body)
         bearer = (await self._configuration.auth_settings()).get("BearerToken")
         if bearer and bearer.get("value"):
             request = request.header(bearer["key"], bearer["value"], is_sensitive=True)
-        sending()
-        try:
-            answer = await request.build().send()
-            content = bytes(await answer.bytes())
-        except RequestTimeoutError:
-            raise  # a TimeoutError, as the callers expect
-        except TransportError as error:
-            raise ApiUnreachable(f"{type(error).__name__}: {error}") from error
+        async with self._streams:
+            sending()
+            try:
+                answer = await request.build().send()
+                content = bytes(await answer.bytes())
+            except RequestTimeoutError:
+                raise  # a TimeoutError, as the callers expect
+            except RequestError as error:
+                raise ApiUnreachable(f"{type(error).__name__}: {error}") from error
         if answer.status >= 300:
             retry_after = answer.get_header("Retry-After")
             raise api_error(

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
+import functools
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -17,37 +19,79 @@ from gpushare.kube import ApiUnreachable
 from gpushare.kube.http2 import Http2Writer
 
 VALID = datetime.timedelta(hours=1)
-SETTINGS = bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
-"""An HTTP/2 SETTINGS frame with none (length 0, type 4, no flags, stream 0)."""
-SETTINGS_ACK = bytes([0, 0, 0, 4, 1, 0, 0, 0, 0])
+HEADERS, RST_STREAM, SETTINGS, DATA = 1, 3, 4, 0
+END_HEADERS, ACK = 4, 1
+INTERNAL_ERROR = 2
+STATUS_200 = b"\x88"
+"""`:status: 200` in HPACK (entry 8 of the static table, indexed)."""
+
+
+def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    header = len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big")
+    return header + payload
 
 
 class TlsServer:
-    """A TLS server on loopback that offers HTTP/2 and HTTP/1.1, notes what each connection
-    chose, and hangs up without an answer (or, `silent`, reads on and never answers)."""
+    """A TLS server on loopback that offers HTTP/2 and HTTP/1.1 and notes what each connection
+    chose. `answer`: None hangs up at once; otherwise it speaks HTTP/2 frames (settles in with
+    SETTINGS, `max_streams` when given, and its ACK) and answers each request's HEADERS with
+    `answer(stream)`: nothing (silent, as a half-open connection), a reset, ...."""
 
-    def __init__(self, issued: certs.Issued, directory: Path, *, silent: bool = False) -> None:
-        self.silent = silent
+    def __init__(
+        self,
+        issued: certs.Issued,
+        directory: Path,
+        *,
+        answer: Callable[[int], bytes] | None = None,
+        max_streams: int | None = None,
+    ) -> None:
         (directory / "server.crt").write_bytes(issued.cert)
         (directory / "server.key").write_bytes(issued.key)
         self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self.context.load_cert_chain(directory / "server.crt", directory / "server.key")
         self.context.set_alpn_protocols(["h2", "http/1.1"])
+        self.answer = answer
+        self.max_streams = max_streams
         self.chosen: list[str | None] = []
+        self.requests = 0
         self.port = 0
 
-    async def _connected(self, _reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.chosen.append(writer.get_extra_info("ssl_object").selected_alpn_protocol())
-        if self.silent:  # an HTTP/2 peer that settled in (SETTINGS, and its ACK), then went quiet
-            writer.write(SETTINGS + SETTINGS_ACK)
-            while await _reader.read(65536):
-                pass
+        if self.answer is not None:
+            limit = b"" if self.max_streams is None else (3).to_bytes(2, "big")
+            limit += b"" if self.max_streams is None else self.max_streams.to_bytes(4, "big")
+            writer.write(frame(SETTINGS, 0, 0, limit) + frame(SETTINGS, ACK, 0))
+            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+                await reader.readexactly(24)  # the client's preface
+                while True:
+                    header = await reader.readexactly(9)
+                    await reader.readexactly(int.from_bytes(header[:3], "big"))
+                    if header[3] == HEADERS:
+                        self.requests += 1
+                        writer.write(self.answer(int.from_bytes(header[5:9], "big") & 0x7FFFFFFF))
         writer.close()
 
     async def start(self) -> asyncio.Server:
         server = await asyncio.start_server(self._connected, "127.0.0.1", 0, ssl=self.context)
         self.port = server.sockets[0].getsockname()[1]
         return server
+
+
+def silent(_stream: int) -> bytes:
+    return b""
+
+
+def reset(stream: int) -> bytes:
+    return frame(RST_STREAM, 0, stream, INTERNAL_ERROR.to_bytes(4, "big"))
+
+
+def reset_mid_body(stream: int) -> bytes:
+    return (
+        frame(HEADERS, END_HEADERS, stream, STATUS_200)
+        + frame(DATA, 0, stream, b"k8s")
+        + reset(stream)
+    )
 
 
 @pytest.fixture
@@ -67,7 +111,7 @@ async def server(ca: certs.Issued, tmp_path: Path) -> AsyncIterator[TlsServer]:
 @pytest_asyncio.fixture
 async def silent_server(ca: certs.Issued, tmp_path: Path) -> AsyncIterator[TlsServer]:
     issued = certs.issue(ca, "apiserver", valid=VALID, hosts=["127.0.0.1"])
-    tls = TlsServer(issued, tmp_path, silent=True)
+    tls = TlsServer(issued, tmp_path, answer=silent)
     async with await tls.start():
         yield tls
 
@@ -149,6 +193,51 @@ async def test_the_systems_roots_are_not_trusted_when_the_kubeconfig_names_a_ca(
             with pytest.raises(ApiUnreachable):
                 await writer.post_protobuf("/api/v1/namespaces/default/events", b"k8s\x00")
     assert tls.chosen == ["h2"]  # only the second handshake finished
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("answer", [reset, reset_mid_body], ids=["reset", "reset mid-body"])
+async def test_a_request_the_apiserver_cuts_off_is_unreachable_as_every_unanswered_call(
+    answer: Callable[[int], bytes], ca: certs.Issued, tmp_path: Path
+) -> None:
+    # Every caller rides out an unanswered call with one `except OSError`; anything else
+    # would end a bind's task (the pod stranded) or the reporter (the operator).
+    issued = certs.issue(ca, "apiserver", valid=VALID, hosts=["127.0.0.1"])
+    tls = TlsServer(issued, tmp_path, answer=answer)
+    async with await tls.start():
+        config = configuration(f"https://127.0.0.1:{tls.port}", tmp_path / "ca.crt")
+        async with Http2Writer(config, timeout_s=5, user_agent="test") as writer:
+            with pytest.raises(ApiUnreachable):
+                await writer.post_protobuf("/api/v1/namespaces/default/events", b"k8s\x00")
+
+
+@pytest.mark.asyncio
+async def test_writes_past_the_connections_streams_wait_their_turn_before_their_check(
+    ca: certs.Issued, tmp_path: Path
+) -> None:
+    # A check passed long before the bytes go out would let a paused leader's Binding out
+    # late; with the apiserver allowing one stream, one write at a time is checked and sent.
+    issued = certs.issue(ca, "apiserver", valid=VALID, hosts=["127.0.0.1"])
+    tls = TlsServer(issued, tmp_path, answer=silent, max_streams=1)
+    checked: list[int] = []
+    async with await tls.start():
+        config = configuration(f"https://127.0.0.1:{tls.port}", tmp_path / "ca.crt")
+        async with Http2Writer(config, timeout_s=1, user_agent="test", streams=1) as writer:
+            path = "/api/v1/namespaces/default/pods/p/binding"
+            writes = [
+                asyncio.create_task(
+                    writer.post_protobuf(
+                        path, b"k8s\x00", sending=functools.partial(checked.append, n)
+                    )
+                )
+                for n in range(3)
+            ]
+            await asyncio.sleep(0.5)
+            assert (checked, tls.requests) == ([0], 1)
+            outcomes = await asyncio.gather(*writes, return_exceptions=True)
+    # Each given up on the silent connection: an OSError, as every unanswered call.
+    assert all(isinstance(outcome, OSError) for outcome in outcomes), outcomes
+    assert checked == [0, 1, 2]
 
 
 def test_a_kubeconfig_that_skips_verifying_the_apiserver_is_refused_with_the_fix() -> None:
