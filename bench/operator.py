@@ -2,13 +2,15 @@
 A benchmark, not a test: it prints a table and writes JSON; nothing asserts on time.
 
     python bench/operator.py [--nodes 200] [--cards 8] [--pods 2000] [--single 50] [--rounds 5]
+                             [--server-cpus 0]
     python bench/operator.py --gang-size 8 [--gang-mib 8192] [--nodes 200] [--pods 1600]
 
 The pods are the smallest there are (`--pod-shape minimal`, under 1 KiB in etcd), or as a Job
 creates them (`workload`: labels, owner, token volume, tolerations, env; about 3 KiB).
 
 One fresh control plane with N fake nodes x 8 cards (11178 MiB); then, one after another,
-each scheduler alone on it (the pods of the one before deleted):
+each scheduler alone on it (the pods and Events of the one before deleted; etcd's history is
+not compacted during the run, so that no phase pays for a compaction):
 - raw: how fast the apiserver takes Bindings (the operator's own, in protobuf, with the UID
   precondition and annotations) from a client that is not the limit: two processes of their
   own, 32 Bindings in flight each, binding P pods created beforehand;
@@ -40,6 +42,10 @@ Times are seen by watches in this process. Each phase reports the requests per p
 apiserver's by verb and resource (a 429 answered and sent again counts twice), its
 authentications, its requests to etcd, and etcd's calls, watch events and bytes;
 `--profile DIR` writes the apiserver's and etcd's CPU profiles of each phase (pprof) there.
+
+With `--server-cpus`, the apiserver and etcd run on those CPUs and everything else on the
+others: a scheduler's own CPU then takes none of the servers', and their CPU per pod stops
+moving with it (the rounds agree within a few per cent instead of a quarter).
 
 The apiserver's rate moves by a quarter from one minute to the next on these shared cores, so
 kube-scheduler (raised) and the operator are measured `--rounds` times each, taking turns
@@ -81,7 +87,7 @@ from gpushare.model import contract, pod_ref
 from gpushare.model.annotations import gpu_assigned
 from gpushare.model.gangs import VOLCANO_GROUP_ANNOTATIONS, GroupApi
 from gpushare_harness import ControlPlane, FakeGpuNode, create_gpu_node
-from gpushare_harness.benchargs import env_setting, positive
+from gpushare_harness.benchargs import cpu_list, env_setting, positive
 from gpushare_harness.benchpods import SHAPES, bench_pod
 from gpushare_harness.binaries import ensure_binaries
 from gpushare_harness.controlplane import free_port
@@ -251,6 +257,9 @@ def percentile(values: list[float], share: float) -> float:
 
 
 async def empty(core: client.CoreV1Api, namespace: str) -> None:
+    """Deletes the phase's pods and Events: the next phase starts on as much stored data
+    (and as large a heap in the apiserver) as this one did."""
+    await core.delete_collection_namespaced_event(namespace)
     await core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
     for _ in range(1200):
         listed = await kube.raw_json(
@@ -700,8 +709,23 @@ async def create_nodes(core: client.CoreV1Api, nodes: int, cards: int) -> None:
     await asyncio.gather(*(node(n) for n in range(nodes)))
 
 
+def start_plane(args: argparse.Namespace, workdir: Path) -> ControlPlane:
+    """With `--server-cpus`, the apiserver and etcd on those CPUs and everything else on the
+    others, so that a scheduler's own CPU takes none of theirs."""
+    everyone = os.sched_getaffinity(0)
+    if args.server_cpus:
+        os.sched_setaffinity(0, args.server_cpus)  # the control plane inherits it
+    plane = ControlPlane(
+        workdir / "plane", profiling=args.profile is not None, compaction_interval_s=0
+    ).start()
+    if args.server_cpus:
+        # This process and all it starts later (schedulers, stand-in, raw binders).
+        os.sched_setaffinity(0, everyone - args.server_cpus)
+    return plane
+
+
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    plane = ControlPlane(workdir / "plane", profiling=args.profile is not None).start()
+    plane = start_plane(args, workdir)
     assert plane.endpoints is not None
     servers = Servers(
         {name: plane.pids()[name] for name in ("kube-apiserver", "etcd")}, plane.endpoints.etcd
@@ -843,6 +867,11 @@ def main() -> int:
         "--profile",
         type=Path,
         help="write the apiserver's and etcd's CPU profile of each round's phases here",
+    )
+    parser.add_argument(
+        "--server-cpus",
+        type=cpu_list,
+        help="run the apiserver and etcd on these CPUs (e.g. 0), everything else on the others",
     )
     parser.add_argument("--raw-bind", type=Path, help=argparse.SUPPRESS)  # a raw-bind process
     parser.add_argument("--part", type=int, default=0, help=argparse.SUPPRESS)

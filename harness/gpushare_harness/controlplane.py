@@ -98,7 +98,9 @@ class ControlPlane:
     Binding and eviction it was asked for, and its answer: who bound a pod, and how often,
     read from the apiserver rather than from the binder's own log. With `profiling`, the
     apiserver serves /debug/pprof (to the admin) and etcd on its client URL (`endpoints.etcd`), for
-    benchmarks that show where the server's CPU goes.
+    benchmarks that show where the server's CPU goes. The apiserver compacts etcd's history
+    every `compaction_interval_s` (0: never, for benchmarks, where a compaction would land in
+    whichever phase it falls in).
     """
 
     def __init__(
@@ -111,6 +113,7 @@ class ControlPlane:
         address: str = "127.0.0.1",
         node_monitor_grace_s: int = 40,
         profiling: bool = False,
+        compaction_interval_s: int = 300,
     ) -> None:
         self.directory = directory
         self.binaries = binaries or ensure_binaries()
@@ -120,6 +123,7 @@ class ControlPlane:
         self.address = address
         self.node_monitor_grace_s = node_monitor_grace_s
         self.profiling = profiling
+        self.compaction_interval_s = compaction_interval_s
         self._die_with_parent = die_with_parent
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self._argv: dict[str, list[str]] = {}
@@ -247,6 +251,7 @@ class ControlPlane:
                 # No kube-proxy on the host: dial a Service's endpoints (pods), not its ClusterIP.
                 "--enable-aggregator-routing=true",
                 f"--profiling={str(self.profiling).lower()}",
+                f"--etcd-compaction-interval={self.compaction_interval_s}s",
                 f"--audit-policy-file={audit_policy}",
                 f"--audit-log-path={self.audit_log}",
                 "--audit-log-format=json",
