@@ -2,7 +2,7 @@
 A benchmark, not a test: it prints a table and writes JSON; nothing asserts on time.
 
     python bench/operator.py [--nodes 200] [--cards 8] [--pods 2000] [--single 50] [--rounds 5]
-                             [--server-cpus 0]
+                             [--server-cpus 0] [--same-pods]
     python bench/operator.py --gang-size 8 [--gang-mib 8192] [--nodes 200] [--pods 1600]
 
 The pods are the smallest there are (`--pod-shape minimal`, under 1 KiB in etcd), or as a Job
@@ -17,7 +17,9 @@ not compacted during the run, so that no phase pays for a compaction):
 - kube-scheduler (v1.36.3, built from the pinned module, its own profile name), once with its
   client limit raised to 5,000 requests/s so that the apiserver is the limit, once at its
   default (50/s); it places the pods by the nodes' `volcano.sh/gpu-memory` totals only;
-- the operator (`python -m gpushare_operator`).
+- the operator (`python -m gpushare_operator`), without leader election unless
+  `--operator-env GPUSHARE_LEADER_ELECT=true` (as shipped: its Bindings then carry the Lease's
+  term and a label, and the apiserver checks each against the leader fence's policy).
 Each scheduler runs on its own identity, as clusters run them: kube-scheduler on a client
 certificate for `system:kube-scheduler` (kubeadm's scheduler.conf), the operator on its
 ServiceAccount's token with the shipped roles, policies and FlowSchema applied; so the
@@ -42,6 +44,12 @@ Times are seen by watches in this process. Each phase reports the requests per p
 apiserver's by verb and resource (a 429 answered and sent again counts twice), its
 authentications, its requests to etcd, and etcd's calls, watch events and bytes;
 `--profile DIR` writes the apiserver's and etcd's CPU profiles of each phase (pprof) there.
+
+With `--same-pods`, kube-scheduler's pods end as the operator's do: the stand-in's PATCH gives
+them Volcano's gpu-index and predicate-time with gpu-assigned, the record that the operator's
+Binding leaves and that any GPU-sharing scheduler on Volcano's contract must leave, so that
+both phases store, watch and serve the same pods (the write happens later for
+kube-scheduler's: after its Binding, not in it).
 
 With `--server-cpus`, the apiserver and etcd run on those CPUs and everything else on the
 others: a scheduler's own CPU then takes none of the servers', and their CPU per pod stops
@@ -649,9 +657,13 @@ class Operator:
     label = "operator"
     name = "volcano"
 
-    def __init__(self, workdir: Path, kubeconfig: Path) -> None:
+    def __init__(
+        self, workdir: Path, kubeconfig: Path, env: Mapping[str, str] | None = None
+    ) -> None:
         self._process = OperatorProcess(
-            kubeconfig, workdir / "operator.log", env={"GPUSHARE_LEADER_ELECT": "false"}
+            kubeconfig,
+            workdir / "operator.log",
+            env={"GPUSHARE_LEADER_ELECT": "false", **(env or {})},
         )
 
     def start(self) -> int:
@@ -755,12 +767,16 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             results: dict[str, Any] = {"raw": await measure_raw(api, plane.kubeconfig, args)}
             print(f"raw: {results['raw']}", flush=True)
             stand_in = await asyncio.create_subprocess_exec(
-                sys.executable, __file__, "--stand-in", str(plane.kubeconfig)
+                sys.executable,
+                __file__,
+                "--stand-in",
+                str(plane.kubeconfig),
+                *(["--same-pods"] if args.same_pods else []),
             )
             raised = KubeScheduler(
                 workdir, as_kube_scheduler, KUBE_SCHEDULER_RAISED_QPS, args.kube_scheduler_env
             )
-            operator = Operator(workdir, as_operator)
+            operator = Operator(workdir, as_operator, args.operator_env)
             rounds: list[dict[str, dict[str, Any]]] = []
             profiles = (
                 functools.partial(ServerProfiles, api, servers.etcd, args.profile)
@@ -821,9 +837,14 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     return {key: results[key] for key in order} | results
 
 
-async def stand_in(kubeconfig: Path) -> None:
+async def stand_in(kubeconfig: Path, *, same_pods: bool) -> None:
     async with await kube.api_client(kubeconfig, connections=STAND_IN_IN_FLIGHT) as api:
-        await act_as_device_plugins(api, every_bound_pod=True, in_flight=STAND_IN_IN_FLIGHT)
+        await act_as_device_plugins(
+            api,
+            every_bound_pod=True,
+            placement_record=same_pods,
+            in_flight=STAND_IN_IN_FLIGHT,
+        )
 
 
 def main() -> int:
@@ -864,6 +885,15 @@ def main() -> int:
         "then speaks HTTP/1.1)",
     )
     parser.add_argument(
+        "--operator-env",
+        type=env_setting,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set in the operator's environment only (e.g. GPUSHARE_LEADER_ELECT=true: it then "
+        "leads by its Lease and its Bindings pass the leader fence, as shipped)",
+    )
+    parser.add_argument(
         "--profile",
         type=Path,
         help="write the apiserver's and etcd's CPU profile of each round's phases here",
@@ -873,18 +903,25 @@ def main() -> int:
         type=cpu_list,
         help="run the apiserver and etcd on these CPUs (e.g. 0), everything else on the others",
     )
+    parser.add_argument(
+        "--same-pods",
+        action="store_true",
+        help="kube-scheduler's pods end as the operator's do: the stand-in's write gives them "
+        "Volcano's gpu-index and predicate-time too (the record a GPU-sharing scheduler leaves)",
+    )
     parser.add_argument("--raw-bind", type=Path, help=argparse.SUPPRESS)  # a raw-bind process
     parser.add_argument("--part", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--stand-in", type=Path, help=argparse.SUPPRESS)  # the plugins' stand-in
     args = parser.parse_args()
     args.kube_scheduler_env = dict(args.kube_scheduler_env)
+    args.operator_env = dict(args.operator_env)
     if args.profile and shutil.which("go") is None:
         parser.error("--profile needs go on PATH: `go tool pprof` merges each phase's profiles")
     if args.raw_bind:
         asyncio.run(raw_bind(args.raw_bind, "raw", args.part, RAW_PROCESSES, args.nodes))
         return 0
     if args.stand_in:
-        asyncio.run(stand_in(args.stand_in))
+        asyncio.run(stand_in(args.stand_in, same_pods=args.same_pods))
         return 0
     machine = f"{platform.machine()}, {platform.python_version()}, 2 cores shared by all"
     with tempfile.TemporaryDirectory(prefix="gpushare-bench-") as workdir:
