@@ -530,7 +530,7 @@ async def measure_gangs(
     for label, gang_size in (("single", 0), ("gangs", args.gang_size)):
         await core.create_namespace(cast(client.V1Namespace, {"metadata": {"name": label}}))
         names = [f"{label}-{i}" for i in range(args.pods)]
-        operator = Operator(workdir, kubeconfig)
+        operator = Operator(workdir, kubeconfig, args.operator_env)
         await create_pods(
             core,
             label,
@@ -727,13 +727,15 @@ def start_plane(args: argparse.Namespace, workdir: Path) -> ControlPlane:
     everyone = os.sched_getaffinity(0)
     if args.server_cpus:
         os.sched_setaffinity(0, args.server_cpus)  # the control plane inherits it
-    plane = ControlPlane(
-        workdir / "plane", profiling=args.profile is not None, compaction_interval_s=0
-    ).start()
-    if args.server_cpus:
-        # This process and all it starts later (schedulers, stand-in, raw binders).
-        os.sched_setaffinity(0, everyone - args.server_cpus)
-    return plane
+    try:
+        return ControlPlane(
+            workdir / "plane", profiling=args.profile is not None, compaction_interval_s=0
+        ).start()
+    finally:
+        if args.server_cpus:
+            # This process and all it starts later (schedulers, stand-in, raw binders). Each
+            # Go program sizes GOMAXPROCS to its CPUs: 1 for every one of them on 2 cores.
+            os.sched_setaffinity(0, everyone - args.server_cpus)
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -923,7 +925,12 @@ def main() -> int:
     if args.stand_in:
         asyncio.run(stand_in(args.stand_in, same_pods=args.same_pods))
         return 0
-    machine = f"{platform.machine()}, {platform.python_version()}, 2 cores shared by all"
+    cores = len(os.sched_getaffinity(0))
+    machine = f"{platform.machine()}, {platform.python_version()}, {cores} cores " + (
+        f"(the apiserver and etcd on CPUs {sorted(args.server_cpus)}, the rest on the others)"
+        if args.server_cpus
+        else "shared by all"
+    )
     with tempfile.TemporaryDirectory(prefix="gpushare-bench-") as workdir:
         results = asyncio.run(run(args, Path(workdir)))
     print(f"{args.nodes} nodes x {args.cards} cards, {args.pods} pods; {machine}")
@@ -932,7 +939,9 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(
             json.dumps(
-                {"machine": machine, "args": vars(args), "results": results}, indent=2, default=str
+                {"machine": machine, "args": vars(args), "results": results},
+                indent=2,
+                default=lambda value: sorted(value) if isinstance(value, set) else str(value),
             )
         )
     return 0
