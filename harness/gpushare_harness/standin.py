@@ -32,21 +32,13 @@ async def act_as_device_plugins(
     core = client.CoreV1Api(api)
     marked: set[str] = set()
     limit = asyncio.Semaphore(in_flight)
-    patch = {"metadata": {"annotations": {contract.GPU_ASSIGNED: contract.GPU_ASSIGNED_TRUE}}}
     tasks: set[asyncio.Task[None]] = set()
 
     async def mark(name: str, namespace: str, *, recorded: bool) -> None:
-        body = patch
+        annotations = {contract.GPU_ASSIGNED: contract.GPU_ASSIGNED_TRUE}
         if placement_record and not recorded:
-            body = {
-                "metadata": {
-                    "annotations": {
-                        contract.GPU_INDEX: "0",
-                        contract.PREDICATE_TIME: str(time.time_ns()),
-                        contract.GPU_ASSIGNED: contract.GPU_ASSIGNED_TRUE,
-                    }
-                }
-            }
+            annotations |= {contract.GPU_INDEX: "0", contract.PREDICATE_TIME: str(time.time_ns())}
+        body = {"metadata": {"annotations": annotations}}
         async with limit:
             await kube.raw_json(
                 core.patch_namespaced_pod(name, namespace, body, _preload_content=False)
