@@ -24,7 +24,6 @@ they also die with the test process (PR_SET_PDEATHSIG), so a crashed run leaves 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -34,6 +33,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,6 @@ from gpushare_harness.binaries import Binaries, ensure_binaries
 from gpushare_harness.pki import Pki, write_pki
 
 _START_TIMEOUT_S = 90.0
-_PR_SET_PDEATHSIG = 1
 
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 KUBERNETES_SERVICE_IP = "10.0.0.1"
@@ -303,12 +302,11 @@ class ControlPlane:
         self._argv[name] = argv
         log = (self.directory / f"{name}.log").open("ab")
         self._processes[name] = subprocess.Popen(
-            argv,
+            dying_with_parent(argv) if self._die_with_parent else argv,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=die_with_parent if self._die_with_parent else None,  # noqa: PLW1509
         )
         log.close()
 
@@ -462,7 +460,10 @@ def free_port() -> int:
         return port
 
 
-def die_with_parent() -> None:
-    """In a child before exec: get SIGKILL when the parent dies (no orphans after a crash)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+def dying_with_parent(argv: Sequence[str]) -> list[str]:
+    """`argv` run so that it gets SIGKILL when the thread that started it dies (no orphans
+    after a crash). util-linux's setpriv sets that and execs `argv` (same pid): no Python
+    runs between fork and exec, so Popen can vfork, and no pthread_atfork handler runs in the
+    child. gRPC's does when a parent with gRPC threads forks, and it restarted a poller that
+    then aborted the child on a descriptor closed before exec."""
+    return ["setpriv", "--pdeathsig", "KILL", "--", *argv]

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpushare_harness.controlplane import die_with_parent
+from gpushare_harness.controlplane import dying_with_parent
 
 
 class LoggedProcess:
@@ -38,13 +38,12 @@ class LoggedProcess:
         with self.log.open("ab") as out, contextlib.ExitStack() as stack:
             err = stack.enter_context(stderr.open("ab")) if stderr else subprocess.STDOUT
             self._process = subprocess.Popen(
-                list(argv),
+                list(argv) if self.detached else dying_with_parent(argv),
                 env=env,
                 stdout=out,
                 stderr=err,
                 stdin=subprocess.DEVNULL,
                 start_new_session=self.detached,
-                preexec_fn=None if self.detached else die_with_parent,  # noqa: PLW1509
             )
 
     def wait_logged(

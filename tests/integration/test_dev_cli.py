@@ -61,7 +61,9 @@ def test_up_add_node_status_and_down(tmp_path: Path, control_plane: ControlPlane
             capture_output=True,
             text=True,
             check=False,
-            env={"PATH": "/usr/bin:/bin"},
+            # A HOME of its own: kubectl keeps its discovery cache there (without one, in the
+            # working directory: the checkout).
+            env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
         )
         assert exported.stdout.splitlines()[0] == "node/gpu-node-1", exported.stderr
         assert exported.stdout.splitlines()[1].endswith("/gpushare")
