@@ -19,7 +19,8 @@ not compacted during the run, so that no phase pays for a compaction):
   default (50/s); it places the pods by the nodes' `volcano.sh/gpu-memory` totals only;
 - the operator (`python -m gpushare_operator`), without leader election unless
   `--operator-env GPUSHARE_LEADER_ELECT=true` (as shipped: its Bindings then carry the Lease's
-  term and a label, and the apiserver checks each against the leader fence's policy).
+  term and its labels, which the leader fence's binding compares with the term the leader set
+  on it).
 Each scheduler runs on its own identity, as clusters run them: kube-scheduler on a client
 certificate for `system:kube-scheduler` (kubeadm's scheduler.conf), the operator on its
 ServiceAccount's token with the shipped roles, policies and FlowSchema applied; so the

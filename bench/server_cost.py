@@ -3,7 +3,7 @@ writes in which the operator and kube-scheduler differ, each measured alone on o
 control plane. A benchmark, not a test: it prints a table and writes JSON.
 
     python bench/server_cost.py [--writes 2000] [--rounds 3] [--pod-shape workload|minimal]
-                                [--json out.json]
+                                [--only TEXT ...] [--json out.json]
 
 Each variant sends `--writes` writes, 32 in flight (protobuf bodies on one HTTP/2 connection,
 as the operator sends them; the JSON Events on HTTP/1.1, a connection each, as
@@ -13,8 +13,10 @@ first write to its last answer; variants take turns over `--rounds` rounds, in a
 each round, and each figure is the median over the rounds:
 - Bindings of pending pods, as kube-scheduler sends them (node only) and as the operator does
   (with Volcano's annotations: gpu-index, predicate-time, gpu-assigned), also with the
-  leader's term and its label (an operator that elects a leader, as installed; no policy
-  judges them here);
+  leader's term and its labels (an operator that elects a leader, as installed), which the
+  shipped fence (the binding gpushare-leader-writes, holding that term) selects by label and
+  does not judge, and judged by the fence before 2026-12-06 (a policy comparing each write's
+  term with the Lease's, the Lease its parameter);
 - Scheduled Events named by the sender (kube-scheduler's way) and by the apiserver from a
   `generateName` (the operator's), both JSON, and the operator's own (protobuf);
 - the operator's Bindings with 512 in flight on as many connections (its default).
@@ -29,6 +31,7 @@ import asyncio
 import json
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +41,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
+import yaml
 from kubernetes_asyncio import client
 
 from gpushare import kube
@@ -47,12 +51,15 @@ from gpushare.model import contract
 from gpushare_harness import ControlPlane
 from gpushare_harness.benchargs import positive
 from gpushare_harness.benchpods import SHAPES, bench_pod
+from gpushare_harness.identities import NAMESPACES, ROLES
 from gpushare_harness.serverstats import counters, cpu_seconds
 
 IN_FLIGHT = 32
 OPERATOR_IN_FLIGHT = 512
 NODES = 10
 NAMESPACE = "cost"
+POLICY_REFRESH_S = 3
+"""The apiserver rebuilds its policies a second after they change; with margin."""
 
 
 def volcano_annotations(number: int) -> dict[str, str]:
@@ -87,27 +94,80 @@ def scheduled_event(pod: str, uid: str, *, name: str | None) -> dict[str, Any]:
 Write = Callable[[client.ApiClient, Http2Writer, int, dict[str, Any]], Awaitable[bytes]]
 
 
-LEADER_TERM = "gpushare-system/gpushare-operator/gpushare-operator-5d8f7c9b6-x2k4q/3"
-"""A term as an operator that elects writes it (Lease namespace/name/holder/transitions)."""
+LEASE = ("gpushare-system", "gpushare-scheduler", "gpushare-operator-5d8f7c9b6-x2k4q", 3)
+"""The Lease (namespace, name) and its term (holder, transitions) the writes are sent in."""
+LEADER_TERM = "/".join(map(str, LEASE))
+"""The term as an operator that elects writes it (Lease namespace/name/holder/transitions)."""
+TERM_LABEL = f"{LEASE[3]}.8c1e4b2a-0d6f-4c3e-9a57-2b1f0e9d7c64"
+FENCES = {
+    "shipped": {
+        contract.LEASE_LABEL: f"{LEASE[0]}.{LEASE[1]}",
+        contract.LEASE_TERM_LABEL: TERM_LABEL,
+    },
+    "lease-policy": {"bench.gpushare.io/lease-param": "true"},
+}
+"""The labels a leader's write carries for each fence: the shipped one (the binding
+gpushare-leader-writes, set to TERM_LABEL, selects the writes of other terms by label), and the
+one before 2026-12-06 (PREVIOUS_FENCE)."""
+PREVIOUS_FENCE = f"""
+apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata: {{name: {LEASE[1]}, namespace: {LEASE[0]}}}
+spec: {{holderIdentity: {LEASE[2]}, leaseTransitions: {LEASE[3]}, leaseDurationSeconds: 15}}
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {{name: previous-leader-writes}}
+spec:
+  failurePolicy: Fail
+  paramKind: {{apiVersion: coordination.k8s.io/v1, kind: Lease}}
+  matchConstraints:
+    resourceRules:
+      - {{apiGroups: [""], apiVersions: [v1], operations: [CREATE], resources: [pods/binding]}}
+  variables:
+    - name: sent
+      expression: >-
+        object.metadata.?annotations.orValue({{}})[?'{contract.LEADER_TERM}'].orValue('')
+    - name: lease
+      expression: params.metadata.namespace + '/' + params.metadata.name + '/'
+    - name: current
+      expression: >-
+        variables.lease + params.spec.?holderIdentity.orValue('') + '/' +
+        string(params.spec.?leaseTransitions.orValue(0))
+  validations:
+    - expression: >-
+        !variables.sent.startsWith(variables.lease) || variables.sent == variables.current
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {{name: previous-leader-writes}}
+spec:
+  policyName: previous-leader-writes
+  validationActions: [Deny]
+  paramRef: {{name: {LEASE[1]}, namespace: {LEASE[0]}, parameterNotFoundAction: Allow}}
+  matchResources: {{objectSelector: {{matchLabels: {{bench.gpushare.io/lease-param: "true"}}}}}}
+"""
+"""The fence before 2026-12-06, as it was shipped, for comparison: a policy that compared each
+write's term with the Lease, read as its parameter, and its binding."""
 
 
-def bind(annotated: bool, *, term: bool = False) -> Write:
+def bind(annotated: bool, *, fence: str | None = None) -> Write:
     """Bindings: the node only, with Volcano's annotations, and with the leader's term (its
-    annotation and label, which the apiserver copies onto the pod as well)."""
+    annotation, and its labels for `fence`, which the apiserver copies onto the pod as well)."""
 
     async def write(
         _api: client.ApiClient, writer: Http2Writer, number: int, pod: dict[str, Any]
     ) -> bytes:
         meta = pod["metadata"]
         annotations = volcano_annotations(number) if annotated else {}
-        if term:
+        if fence:
             annotations[contract.LEADER_TERM] = LEADER_TERM
         body = protobuf.binding(
             namespace=NAMESPACE,
             name=meta["name"],
             uid=meta["uid"],
             annotations=annotations,
-            labels={contract.FENCED_LABEL: "true"} if term else None,
+            labels=FENCES[fence] if fence else None,
             node=f"node-{number % NODES:04d}",
         )
         path = f"/api/v1/namespaces/{NAMESPACE}/pods/{meta['name']}/binding"
@@ -153,7 +213,14 @@ def announce(how: str) -> Write:
 VARIANTS: dict[str, tuple[Write, int]] = {
     "binding, node only (kube-scheduler)": (bind(annotated=False), IN_FLIGHT),
     "binding with annotations (operator)": (bind(annotated=True), IN_FLIGHT),
-    "binding with annotations and the leader's term": (bind(annotated=True, term=True), IN_FLIGHT),
+    "binding with annotations and the leader's term, the shipped fence": (
+        bind(annotated=True, fence="shipped"),
+        IN_FLIGHT,
+    ),
+    "binding with annotations and the leader's term, the fence before": (
+        bind(annotated=True, fence="lease-policy"),
+        IN_FLIGHT,
+    ),
     "event named by the sender, JSON (kube-scheduler's naming)": (announce("named"), IN_FLIGHT),
     "event with generateName, JSON": (announce("generated"), IN_FLIGHT),
     "event with generateName, protobuf (operator)": (announce("operator"), IN_FLIGHT),
@@ -232,12 +299,13 @@ async def etcd_calls(url: str) -> Counter[str]:
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     plane = ControlPlane(workdir / "plane").start()
-    measured: dict[str, list[dict[str, float]]] = {label: [] for label in VARIANTS}
+    labels = [label for label in VARIANTS if not args.only or any(o in label for o in args.only)]
+    measured: dict[str, list[dict[str, float]]] = {label: [] for label in labels}
     try:
         async with await kube.api_client(plane.kubeconfig) as api:
             core = client.CoreV1Api(api)
             await core.create_namespace(cast(client.V1Namespace, {"metadata": {"name": NAMESPACE}}))
-        labels = list(VARIANTS)
+        install_fences(plane)
         for number in range(args.rounds):
             shift = number % len(labels)  # a new order each round: none always goes first
             for label in labels[shift:] + labels[:shift]:
@@ -256,6 +324,28 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     }
 
 
+def install_fences(plane: ControlPlane) -> None:
+    """The shipped fence, holding TERM_LABEL, and the one before, with its Lease; then a wait
+    for the apiserver to rebuild its policies."""
+    shipped = [
+        doc
+        for doc in yaml.safe_load_all(ROLES.joinpath("operator.yaml").read_text())
+        if doc and doc["metadata"]["name"] == contract.FENCE_BINDING
+    ]
+    binding = next(d for d in shipped if d["kind"] == "ValidatingAdmissionPolicyBinding")
+    binding["spec"]["matchResources"]["objectSelector"]["matchExpressions"][1]["values"] = [
+        TERM_LABEL
+    ]
+    text = (
+        yaml.safe_dump_all([*yaml.safe_load_all(NAMESPACES.read_text()), *shipped], sort_keys=False)
+        + "---\n"
+        + PREVIOUS_FENCE
+    )
+    kubectl = [str(plane.binaries.kubectl), "--kubeconfig", str(plane.kubeconfig)]
+    subprocess.run([*kubectl, "apply", "-f", "-"], input=text, text=True, check=True)
+    time.sleep(POLICY_REFRESH_S)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -268,8 +358,13 @@ def main() -> int:
         default="minimal",
         help="the pods bound: as a Job creates them (about 3 KiB in etcd) or the smallest",
     )
+    parser.add_argument(
+        "--only", action="append", metavar="TEXT", help="the variants whose label has TEXT"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.only and not any(o in label for o in args.only for label in VARIANTS):
+        parser.error(f"--only {args.only} names no variant; they are: {', '.join(VARIANTS)}")
     with tempfile.TemporaryDirectory(prefix="gpushare-cost-") as workdir:
         results = asyncio.run(run(args, Path(workdir)))
     machine = f"{platform.machine()}, {platform.python_version()}, 2 cores shared by all"

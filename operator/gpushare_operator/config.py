@@ -32,6 +32,14 @@ class ConfigError(ValueError):
     """One or more configuration values are invalid; the message lists each with its fix."""
 
 
+LABEL_VALUE_MAX = 63
+
+
+def lease_label(namespace: str, name: str) -> str:
+    """`contract.LEASE_LABEL`'s value: the Lease whose leader sends a write."""
+    return f"{namespace}.{name}"
+
+
 def _default_identity() -> str:
     return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
 
@@ -492,6 +500,13 @@ def _apply(base: OperatorConfig, texts: Mapping[str, tuple[str, str]]) -> Operat
         problems.append("backoff initial must not exceed backoff max")
     if merged.renew_deadline_s >= merged.lease_duration_s:
         problems.append("the renew deadline must be shorter than the lease duration")
+    label = lease_label(merged.lease_namespace, merged.lease_name)
+    if len(label) > LABEL_VALUE_MAX:
+        problems.append(
+            f"the Lease's namespace and name joined by a dot ({label!r}, {len(label)} "
+            f"characters) must fit a label value ({LABEL_VALUE_MAX}): the leader's writes "
+            "name it; choose a shorter GPUSHARE_LEASE_NAME"
+        )
     if problems:
         raise ConfigError("invalid configuration: " + "; ".join(problems))
     return merged

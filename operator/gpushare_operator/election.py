@@ -21,15 +21,61 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gpushare import logs
 from gpushare.kube import ApiError
 from gpushare.kube.clock import micro_time
 from gpushare.model import contract
-from gpushare_operator.config import OperatorConfig, live_view
-from gpushare_operator.kubeapi import Fenced, SchedulerApi
+from gpushare_operator.config import OperatorConfig, lease_label, live_view
+from gpushare_operator.kubeapi import Fenced, SchedulerApi, TermStamp
+
+FENCE_WAIT_S = 5.0
+FENCE_POLL_S = 0.1
+
+
+@dataclass(frozen=True)
+class LeaseTerm:
+    """One holder's time on the Lease, as the writes sent in it name it. A new holder counts
+    one more transition, and a Lease made anew has a new uid."""
+
+    namespace: str
+    name: str
+    holder: str
+    transitions: int
+    uid: str
+
+    @classmethod
+    def of(cls, lease: Mapping[str, Any]) -> LeaseTerm:
+        meta, spec = lease.get("metadata") or {}, lease.get("spec") or {}
+        return cls(
+            namespace=meta.get("namespace", ""),
+            name=meta.get("name", ""),
+            holder=spec.get("holderIdentity") or "",
+            transitions=int(spec.get("leaseTransitions") or 0),
+            uid=meta.get("uid", ""),
+        )
+
+    @property
+    def label(self) -> str:
+        """`contract.LEASE_TERM_LABEL`'s value, which the fence's binding compares."""
+        return f"{self.transitions}.{self.uid}"
+
+    @property
+    def lease_label(self) -> str:
+        return lease_label(self.namespace, self.name)
+
+    def __str__(self) -> str:
+        """`contract.LEADER_TERM`'s value, for people and logs."""
+        return f"{self.namespace}/{self.name}/{self.holder}/{self.transitions}"
+
+    def stamp(self) -> TermStamp:
+        return TermStamp(
+            annotations={contract.LEADER_TERM: str(self)},
+            labels={contract.LEASE_LABEL: self.lease_label, contract.LEASE_TERM_LABEL: self.label},
+        )
 
 
 class WriteFence:
@@ -37,21 +83,22 @@ class WriteFence:
     scheduler, the defragmenter and the over-use guard alike. A replica paused past its Lease
     (SIGSTOP, a stalled VM) resumes sure it leads until its next round, while a standby may
     already lead: none of its writes is sent then. A pause after the last ask is caught by the
-    apiserver: each such write names its Lease term (`stamp`), and the policy
-    gpushare-leader-writes refuses it once the term is over."""
+    apiserver: each such write names its Lease term (`stamp`), and the binding
+    gpushare-leader-writes, which holds the term of the leader now, refuses it once the term
+    is over."""
 
     def __init__(
-        self, may_write: Callable[[], bool], term: Callable[[], str | None] = lambda: None
+        self, may_write: Callable[[], bool], term: Callable[[], LeaseTerm | None] = lambda: None
     ) -> None:
         """`may_write`: `LeaseElector.fresh`, or always true without leader election;
         `term`: `LeaseElector.term` (None without leader election)."""
         self._may_write = may_write
         self._term = term
 
-    def stamp(self) -> dict[str, str]:
-        """The annotation that names the term a write is sent in (none without a term)."""
+    def stamp(self) -> TermStamp:
+        """What names the term a write is sent in (nothing without a term)."""
         term = self._term()
-        return {contract.LEADER_TERM: term} if term else {}
+        return term.stamp() if term else TermStamp()
 
     def check(self, write: str) -> None:
         """Return if `write` may be sent now, else raise Fenced saying why not."""
@@ -72,24 +119,30 @@ class LeaseElector:
         on_stopped_leading: Callable[[], None],
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        fence_wait_s: float = FENCE_WAIT_S,
     ) -> None:
         """`clock`: the wall clock, for the times written on the Lease. `monotonic`: this
         replica's own elapsed time, which alone decides whether a Lease has expired (as
-        client-go's elector does): another replica's clock may run ahead or behind."""
+        client-go's elector does): another replica's clock may run ahead or behind.
+        `fence_wait_s`: how long a new term waits for the apiserver to hold it."""
         self._api = api
         self._config = config
         self._started = on_started_leading
         self._stopped = on_stopped_leading
         self._clock = clock
         self._monotonic = monotonic
+        self._fence_wait_s = fence_wait_s
         self.leading = False
         self.last_contact: float | None = None
         """When the API last answered a Lease call (for the liveness probe)."""
-        self._led_in: str | None = None
+        self._led_in: LeaseTerm | None = None
         """The term this leadership began in."""
-        self.term: str | None = None
-        """The term of the Lease as this replica last wrote it (`lease_term`): a new holder
-        makes a new term."""
+        self.term: LeaseTerm | None = None
+        """The term of the Lease as this replica last wrote it: a new holder makes a new
+        term."""
+        self._fenced_in: LeaseTerm | None = None
+        """The term this replica last set on the fence's binding (or found it could not be:
+        no binding of its Lease)."""
         self._renewed_at = 0.0
         self._observed: tuple[object, ...] | None = None
         """The Lease's holder record as last read, and (`_observed_at`) when, by
@@ -127,15 +180,74 @@ class LeaseElector:
                 self.leading = False
                 self._log.warning("stopped_leading", reason=f"the Lease was {self._led_in}'s")
                 self._stopped()
+            if self._fenced_in != self.term and not await self._set_fence():
+                return  # not before the apiserver refuses the writes of the term before
             if not self.leading:
                 self.leading = True
                 self._led_in = self.term
-                self._log.info("started_leading", term=self.term)
+                self._log.info("started_leading", term=str(self.term))
                 self._started()
         elif self.leading and now - self._renewed_at > self._config().renew_deadline_s:
             self.leading = False
             self._log.warning("stopped_leading", reason="could not renew the Lease in time")
             self._stopped()
+
+    def fence_refused(self) -> None:
+        """The apiserver refused a write as sent in a term that is over: if this replica still
+        holds the Lease, the binding no longer holds its term (an admin applied the manifests
+        again, which set it back): its next round sets it again."""
+        self._fenced_in = None
+
+    async def _set_fence(self) -> bool:
+        """Set this term on the fence's binding; whether this replica may lead."""
+        term = self.term
+        assert term is not None
+        try:
+            await self._api.set_fence(term.lease_label, term.label)
+        except ApiError as error:
+            if error.status not in (404, 422):
+                self._log.error(
+                    "leader_fence_not_set",
+                    error=str(error),
+                    fix="give the operator's ServiceAccount patch on the "
+                    f"ValidatingAdmissionPolicyBinding {contract.FENCE_BINDING} (the "
+                    "ClusterRole gpushare-operator of this version's manifests or chart)",
+                )
+                return False
+            # No binding of this Lease: nothing there refuses the writes of a term that is
+            # over. Lead all the same, as without the policy.
+            self._log.warning(
+                "leader_writes_unfenced",
+                error=str(error),
+                fix=f"apply this version's manifests or chart: the binding "
+                f"{contract.FENCE_BINDING}, whose first requirement selects "
+                f"{contract.LEASE_LABEL} in ({term.lease_label})",
+            )
+            self._fenced_in = term
+            return True
+        except (OSError, TimeoutError) as error:
+            self._log.warning("leader_fence_not_set", error=repr(error))
+            return False
+        # The apiserver rebuilds its policies a second after a change: until then it would
+        # take the writes of the term before, and refuse this one's.
+        deadline = self._monotonic() + self._fence_wait_s
+        while True:
+            try:
+                if await self._api.fence_holds(term.namespace, term.stamp()):
+                    break
+            except (ApiError, OSError, TimeoutError) as error:
+                self._log.warning("leader_fence_not_confirmed", error=repr(error))
+                return False
+            if self._monotonic() >= deadline:
+                self._log.warning(
+                    "leader_fence_not_confirmed",
+                    error=f"the apiserver did not hold term {term.label} within "
+                    f"{self._fence_wait_s} s",
+                )
+                return False
+            await asyncio.sleep(FENCE_POLL_S)
+        self._fenced_in = term
+        return True
 
     async def release(self) -> None:
         """Give the Lease up now (clean shutdown), so a standby need not wait it out."""
@@ -191,8 +303,8 @@ class LeaseElector:
                         "leaseTransitions": 0,
                     },
                 }
-                await self._api.write_lease(config.lease_namespace, body, create=True)
-                self.term = lease_term(config, 0)
+                written = await self._api.write_lease(config.lease_namespace, body, create=True)
+                self.term = LeaseTerm.of(written)
                 return True
             spec = lease.setdefault("spec", {})
             holder = spec.get("holderIdentity")
@@ -208,8 +320,8 @@ class LeaseElector:
             metadata = lease.setdefault("metadata", {})
             metadata["annotations"] = {**(metadata.get("annotations") or {}), **_published(config)}
             # resourceVersion in the body: a concurrent writer makes this a 409.
-            await self._api.write_lease(config.lease_namespace, lease, create=False)
-            self.term = lease_term(config, int(spec.get("leaseTransitions") or 0))
+            written = await self._api.write_lease(config.lease_namespace, lease, create=False)
+            self.term = LeaseTerm.of(written)
             return True
         except ApiError as error:
             if error.status == 404:
@@ -238,12 +350,6 @@ class LeaseElector:
         if record != self._observed:
             self._observed, self._observed_at = record, now
         return now - self._observed_at > duration_s
-
-
-def lease_term(config: OperatorConfig, transitions: int) -> str:
-    """`contract.LEADER_TERM`'s value: the Lease, its holder and its count of holder changes,
-    as the policy gpushare-leader-writes builds it from the Lease it reads."""
-    return f"{config.lease_namespace}/{config.lease_name}/{config.identity}/{transitions}"
 
 
 def _published(config: OperatorConfig) -> dict[str, str]:

@@ -4,8 +4,9 @@ Writes go to: pods/binding (the bind, with the GPU annotations), pods/status (Po
 events (Scheduled, FailedScheduling; these and the bind in protobuf, as kube-scheduler sends
 them: gpushare.kube.protobuf), gpunodes/status, gpushareconfigs/status, PodGroups'
 status (Volcano's and the coscheduling API's), pods/eviction (a gang's bound pods, when it
-fell below its minimum before it ran), Leases, the admission webhook's Secret (created
-once) and its MutatingWebhookConfiguration's caBundle.
+fell below its minimum before it ran), Leases, the Lease term on the
+ValidatingAdmissionPolicyBinding that fences the leader's writes, the admission webhook's
+Secret (created once) and its MutatingWebhookConfiguration's caBundle.
 Reads of pods, nodes, GPUNodes, PodGroups, PriorityClasses and PodDisruptionBudgets: each
 resource's list call, for the Reflector that lists and watches it (gpushare.kube.reflector);
 single pods are read back after a refused bind.
@@ -17,6 +18,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 import aiohttp
@@ -30,6 +32,8 @@ from gpushare.model import PodRef, contract
 from gpushare.model.gangs import PLURAL, GroupApi, GroupKey
 
 COMPONENT = "gpushare-scheduler"
+FENCE_PROBE = "gpushare-fence-probe"
+"""The pod, never made, whose dry-run Binding asks whether the fence holds a term."""
 EVICTION = "/eviction"
 """The path of the writes only the leader may send besides Bindings
 (`KubeSchedulerApi.fence_leader_writes`)."""
@@ -95,8 +99,24 @@ class SchedulerApi(Protocol):
 
     async def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
-    async def write_lease(self, namespace: str, body: Mapping[str, Any], *, create: bool) -> None:
-        """Create the Lease, or replace it (the body's resourceVersion is the precondition)."""
+    async def write_lease(
+        self, namespace: str, body: Mapping[str, Any], *, create: bool
+    ) -> dict[str, Any]:
+        """Create the Lease, or replace it (the body's resourceVersion is the precondition);
+        the Lease as written."""
+        ...
+
+    async def set_fence(self, lease: str, term: str) -> None:
+        """Have the apiserver refuse the writes of Lease `lease` (`contract.LEASE_LABEL`'s value)
+        sent in any term but `term` (`contract.LEASE_TERM_LABEL`'s): set it on the binding
+        `contract.FENCE_BINDING`. ApiError 404 when the binding is missing, 422 when it judges
+        another Lease's writes."""
+        ...
+
+    async def fence_holds(self, namespace: str, stamp: TermStamp) -> bool:
+        """Whether the apiserver takes a write stamped `stamp` now: the term set on the
+        fence's binding is in force there (it rebuilds its policies a second after a change).
+        Asked with a dry run of a Binding of a pod that does not exist in `namespace`."""
         ...
 
 
@@ -115,23 +135,33 @@ class Fenced(Exception):
     (the policy gpushare-leader-writes): this replica may no longer lead."""
 
 
-def _fenced(stamp: Mapping[str, str]) -> dict[str, str]:
-    """The label that sends a write with a term to the policy gpushare-leader-writes."""
-    return {contract.FENCED_LABEL: "true"} if stamp else {}
+@dataclass(frozen=True)
+class TermStamp:
+    """What a leader's write carries to name the Lease term it is sent in (`WriteFence.stamp`):
+    the annotation for people, the labels the fence's binding selects on. Empty without
+    leader election."""
+
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 def _unfenced(_write: str) -> None:
     """No fence: an operator that does not elect a leader."""
 
 
+def _no_one_told() -> None:
+    """Without leader election no write is refused for its term."""
+
+
 @contextlib.contextmanager
-def _term_over() -> Iterator[None]:
+def _term_over(refused: Callable[[], None]) -> Iterator[None]:
     """The policy's refusal of a write sent in a term that is over, raised as Fenced: the
-    writers treat it as they treat their own fence's."""
+    writers treat it as they treat their own fence's; `refused` is told."""
     try:
         yield
     except ApiError as error:
         if contract.TERM_OVER in error.message:
+            refused()
             raise Fenced(error.message) from error
         raise
 
@@ -150,10 +180,12 @@ class KubeSchedulerApi:
         self._identity = identity
         self._timeout = timeout_s
         self._writer = Http2Writer(api.configuration, timeout_s=timeout_s, user_agent=COMPONENT)
-        self._stamp: Callable[[], Mapping[str, str]] = dict
+        self._stamp: Callable[[], TermStamp] = TermStamp
         """The term a leader's write names (`fence_leader_writes`)."""
         self._check_leading: Callable[[str], None] = _unfenced
         """The fence's last ask before a Binding goes out (`fence_leader_writes`)."""
+        self._refused: Callable[[], None] = _no_one_told
+        """Told when the apiserver refuses a write for its term (`fence_leader_writes`)."""
 
     async def close(self) -> None:
         """Close the HTTP/2 connection of Bindings and Events (the ApiClient is the caller's)."""
@@ -166,23 +198,28 @@ class KubeSchedulerApi:
         await self.close()
 
     def fence_leader_writes(
-        self, check: Callable[[str], None], stamp: Callable[[], Mapping[str, str]]
+        self,
+        check: Callable[[str], None],
+        stamp: Callable[[], TermStamp],
+        refused: Callable[[], None] = _no_one_told,
     ) -> None:
         """Have each Binding and eviction carry `stamp()` (`WriteFence.stamp`: the Lease term
-        it is sent in, which the apiserver's policy gpushare-leader-writes compares with the
-        Lease's), and `check` (`WriteFence.check`, which raises when this replica may no longer
-        lead) asked again for each as its bytes are about to go out. The writers' own check,
-        made before, cannot see a pause (SIGSTOP, a stalled VM) that falls after it: such a
-        bind went out on resume, after the standby had taken over, and overfilled a card. A
-        fenced request is refused before a byte is written. A Binding is asked as it is handed
-        to its HTTP/2 connection with a stream free for it (`Http2Writer`: a TLS handshake
-        lies between only when the connection is new); an eviction once its aiohttp
-        connection is had (on Python 3.11 one turn of the event loop still lies between:
-        aiohttp writes the body from a task of its own, started at once from 3.12 on), its
-        connection closed."""
+        it is sent in, which the apiserver's binding gpushare-leader-writes compares with the
+        term the leader set there), and `check` (`WriteFence.check`, which raises when this
+        replica may no longer lead) asked again for each as its bytes are about to go out.
+        The writers' own check, made before, cannot see a pause (SIGSTOP, a stalled VM) that
+        falls after it: such a bind went out on resume, after the standby had taken over, and
+        overfilled a card. A fenced request is refused before a byte is written. A Binding is
+        asked as it is handed to its HTTP/2 connection with a stream free for it
+        (`Http2Writer`: a TLS handshake lies between only when the connection is new); an
+        eviction once its aiohttp connection is had (on Python 3.11 one turn of the event
+        loop still lies between: aiohttp writes the body from a task of its own, started at
+        once from 3.12 on), its connection closed. `refused` (`LeaseElector.fence_refused`)
+        is told when the apiserver refuses one for its term."""
 
         self._stamp = stamp
         self._check_leading = check
+        self._refused = refused
 
         async def headers_ready(
             _session: aiohttp.ClientSession,
@@ -226,12 +263,12 @@ class KubeSchedulerApi:
             namespace=pod.namespace,
             name=pod.name,
             uid=pod.uid,
-            annotations={**annotations, **stamp},
-            labels=_fenced(stamp),
+            annotations={**annotations, **stamp.annotations},
+            labels=dict(stamp.labels),
             node=node,
         )
         path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding"
-        with _term_over():
+        with _term_over(self._refused):
             await self._writer.post_protobuf(
                 path, body, sending=lambda: self._check_leading(f"POST {path}")
             )
@@ -358,12 +395,12 @@ class KubeSchedulerApi:
             "metadata": {
                 "name": pod.name,
                 "namespace": pod.namespace,
-                "annotations": dict(stamp := self._stamp()),
-                "labels": _fenced(stamp),
+                "annotations": dict((stamp := self._stamp()).annotations),
+                "labels": dict(stamp.labels),
             },
             "deleteOptions": {"preconditions": {"uid": pod.uid}},
         }
-        with _term_over():
+        with _term_over(self._refused):
             await raw_json(
                 self._core.create_namespaced_pod_eviction(
                     pod.name,
@@ -416,9 +453,11 @@ class KubeSchedulerApi:
             )
         )
 
-    async def write_lease(self, namespace: str, body: Mapping[str, Any], *, create: bool) -> None:
+    async def write_lease(
+        self, namespace: str, body: Mapping[str, Any], *, create: bool
+    ) -> dict[str, Any]:
         if create:
-            await raw_json(
+            return await raw_json(
                 self._leases.create_namespaced_lease(
                     namespace,
                     cast(client.V1Lease, dict(body)),
@@ -426,16 +465,64 @@ class KubeSchedulerApi:
                     _request_timeout=self._timeout,
                 )
             )
-        else:
-            await raw_json(
-                self._leases.replace_namespaced_lease(
-                    body["metadata"]["name"],
-                    namespace,
-                    cast(client.V1Lease, dict(body)),
-                    _preload_content=False,
-                    _request_timeout=self._timeout,
-                )
+        return await raw_json(
+            self._leases.replace_namespaced_lease(
+                body["metadata"]["name"],
+                namespace,
+                cast(client.V1Lease, dict(body)),
+                _preload_content=False,
+                _request_timeout=self._timeout,
             )
+        )
+
+    async def fence_holds(self, namespace: str, stamp: TermStamp) -> bool:
+        # Admission judges the Binding before the pod is looked up: not refused, it is a 404.
+        body = {
+            "metadata": {
+                "name": FENCE_PROBE,
+                "annotations": dict(stamp.annotations),
+                "labels": dict(stamp.labels),
+            },
+            "target": {"kind": "Node", "name": FENCE_PROBE},
+        }
+        try:
+            with _term_over(_no_one_told):
+                await raw_json(
+                    self._core.create_namespaced_pod_binding(
+                        FENCE_PROBE,
+                        namespace,
+                        cast(client.V1Binding, body),
+                        dry_run="All",
+                        _preload_content=False,
+                        _request_timeout=self._timeout,
+                    )
+                )
+        except Fenced:
+            return False
+        except ApiError as error:
+            if error.status != 404:
+                raise
+        return True
+
+    async def set_fence(self, lease: str, term: str) -> None:
+        # A JSON Patch of the one value that changes; its test makes a binding that selects
+        # another Lease's writes (or is shaped otherwise) a 422, left as it is.
+        selector = "/spec/matchResources/objectSelector/matchExpressions"
+        await raw_json(
+            self._admission.patch_validating_admission_policy_binding(
+                contract.FENCE_BINDING,
+                [
+                    {"op": "test", "path": f"{selector}/0/key", "value": contract.LEASE_LABEL},
+                    {"op": "test", "path": f"{selector}/0/values", "value": [lease]},
+                    {"op": "test", "path": f"{selector}/1/key", "value": contract.LEASE_TERM_LABEL},
+                    {"op": "replace", "path": f"{selector}/1/values", "value": [term]},
+                ],
+                field_manager=COMPONENT,  # who holds the term, in a conflict's message
+                _content_type="application/json-patch+json",  # type: ignore[call-arg]
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
+        )
 
     # -- the admission webhook's certificate ------------------------------------------------
 

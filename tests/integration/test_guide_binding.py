@@ -26,7 +26,7 @@ from gpushare.model import (
     pod_ref,
 )
 from gpushare_harness import FakeGpuNode, create_gpu_node
-from gpushare_operator.election import WriteFence
+from gpushare_operator.election import LeaseTerm, WriteFence
 from gpushare_operator.kubeapi import COMPONENT, Fenced, KubeSchedulerApi
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -176,7 +176,13 @@ async def test_a_binding_or_eviction_refused_by_the_fence_as_it_goes_out_is_neve
     pod = pod_ref(await raw_pod(core, "gpu-pod5", namespace))
     async with KubeSchedulerApi(api_client, identity="gpushare-0", timeout_s=30) as api:
         leading = [False]
-        term = "gpushare-system/gpushare-scheduler/gpushare-0/0"
+        term = LeaseTerm(
+            namespace="gpushare-system",
+            name="gpushare-scheduler",
+            holder="gpushare-0",
+            transitions=0,
+            uid="8c1e4b2a-0d6f-4c3e-9a57-2b1f0e9d7c64",
+        )
         fence = WriteFence(lambda: leading[0], lambda: term)
         api.fence_leader_writes(fence.check, fence.stamp)
         with pytest.raises(Fenced, match="binding not sent"):
@@ -190,7 +196,15 @@ async def test_a_binding_or_eviction_refused_by_the_fence_as_it_goes_out_is_neve
         await api.bind(pod, "n", {contract.GPU_INDEX: "0"})
         bound = await raw_pod(core, "gpu-pod5", namespace)
         assert bound["spec"]["nodeName"] == "n"
-        # The term it was sent in, and the label that sent the Binding to the apiserver's policy
+        # The term it was sent in, and the labels the fence's binding selects the Binding by
         # (the apiserver copies a Binding's labels to the pod too, from 1.35 on).
-        assert bound["metadata"]["annotations"][contract.LEADER_TERM] == term
-        assert bound["metadata"]["labels"][contract.FENCED_LABEL] == "true"
+        assert bound["metadata"]["annotations"][contract.LEADER_TERM] == (
+            "gpushare-system/gpushare-scheduler/gpushare-0/0"
+        )
+        assert (
+            bound["metadata"]["labels"].items()
+            >= {
+                contract.LEASE_LABEL: "gpushare-system.gpushare-scheduler",
+                contract.LEASE_TERM_LABEL: "0.8c1e4b2a-0d6f-4c3e-9a57-2b1f0e9d7c64",
+            }.items()
+        )

@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from gpushare.model import contract
-from gpushare_operator.config import OperatorConfig, live_spec_schema
+from gpushare_operator.config import OperatorConfig, lease_label, live_spec_schema
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 
@@ -191,19 +191,25 @@ def test_the_device_plugins_namespace_is_exempt_from_the_gpu_env_policy_by_name(
     } in expressions
 
 
-def test_the_leader_writes_policy_says_what_the_operator_reads_and_sees_only_its_writes() -> None:
+def test_the_leader_writes_fence_selects_the_operators_lease_in_the_shape_the_operator_sets() -> (
+    None
+):
     policy, binding = (
         doc
         for doc in documents(MANIFESTS / "base" / "rbac" / "operator.yaml")
-        if doc["metadata"]["name"] == "gpushare-leader-writes"
+        if doc["metadata"]["name"] == contract.FENCE_BINDING
     )
     config = OperatorConfig()
     validation = policy["spec"]["validations"][0]
     assert contract.TERM_OVER in validation["messageExpression"]
     assert contract.TERM_OVER in validation["message"]  # if the expression cannot be built
-    assert f"'{contract.LEADER_TERM}'" in policy["spec"]["variables"][0]["expression"]
-    assert binding["spec"]["matchResources"]["objectSelector"]["matchLabels"] == {
-        contract.FENCED_LABEL: "true"
-    }
-    lease = binding["spec"]["paramRef"]
-    assert (lease["namespace"], lease["name"]) == (config.lease_namespace, config.lease_name)
+    assert f"'{contract.LEADER_TERM}'" in validation["messageExpression"]
+    # The operator's JSON Patch tests the first requirement and replaces the second's values.
+    assert binding["spec"]["matchResources"]["objectSelector"]["matchExpressions"] == [
+        {
+            "key": contract.LEASE_LABEL,
+            "operator": "In",
+            "values": [lease_label(config.lease_namespace, config.lease_name)],
+        },
+        {"key": contract.LEASE_TERM_LABEL, "operator": "NotIn", "values": ["none"]},
+    ]

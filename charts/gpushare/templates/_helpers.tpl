@@ -38,3 +38,19 @@ annotations:
 {{- define "gpushare.webhookCertSecret" -}}
 gpushare-webhook-cert
 {{- end }}
+
+{{/*
+The Lease term the leader set on the binding gpushare-leader-writes, kept across upgrades (the
+leader owns that value; with server-side apply, another would conflict with it); "none" on a
+fresh install or where the cluster cannot be read (helm template).
+*/}}
+{{- define "gpushare.leaseTerm" -}}
+{{- $term := "none" -}}
+{{- $live := lookup "admissionregistration.k8s.io/v1" "ValidatingAdmissionPolicyBinding" "" "gpushare-leader-writes" -}}
+{{- range (dig "spec" "matchResources" "objectSelector" "matchExpressions" (list) $live) -}}
+{{- if and (eq (get . "key") "gpushare.io/lease-term") (get . "values") -}}
+{{- $term = first (get . "values") -}}
+{{- end -}}
+{{- end -}}
+{{- $term -}}
+{{- end -}}

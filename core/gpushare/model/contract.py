@@ -79,11 +79,20 @@ EFFECTIVE_CONFIG: Final = "gpushare.io/effective-config"
 environment and the live GPUShareConfig, as a GPUShareConfig spec in JSON), for the CLI."""
 LEADER_TERM: Final = "gpushare.io/leader-term"
 """On a Binding (and so on the pod it binds) and on an eviction: the Lease term it was sent in,
-`<lease namespace>/<lease name>/<holder>/<leaseTransitions>`; the policy gpushare-leader-writes
-refuses it once that Lease names another term."""
-FENCED_LABEL: Final = "gpushare.io/fenced"
-"""Label ("true") on the Bindings and evictions that carry a term: only these are sent to the
-policy gpushare-leader-writes, so nobody else's Bindings wait on its copy of the Lease."""
+`<lease namespace>/<lease name>/<holder>/<leaseTransitions>`, for people and logs; the
+apiserver judges the two labels below."""
+LEASE_LABEL: Final = "gpushare.io/lease"
+"""Label on the same writes: the Lease whose leader sent them, `<namespace>.<name>`. The
+ValidatingAdmissionPolicyBinding FENCE_BINDING selects its Lease's writes by it."""
+LEASE_TERM_LABEL: Final = "gpushare.io/lease-term"
+"""Label on the same writes: the term they were sent in, `<leaseTransitions>.<Lease uid>` (a
+new holder counts one more; a Lease made anew has a new uid). The leader sets its term on
+FENCE_BINDING as it starts to lead, and the binding sends every write of its Lease in another
+term to a policy that refuses it: a label selector, so the writes of the term now cost the
+apiserver no policy evaluation."""
+FENCE_BINDING: Final = "gpushare-leader-writes"
+"""The ValidatingAdmissionPolicyBinding (of the policy of that name) whose object selector
+holds the Lease's term now, which the leader sets (a JSON Patch of that one value)."""
 TERM_OVER: Final = "was sent in a Lease term that is over"
 """What the policy gpushare-leader-writes says when it refuses a write, as the operator knows
 the refusal (a test holds the manifests to it)."""

@@ -60,6 +60,16 @@ def test_every_bad_value_is_reported_at_once() -> None:
     assert "GPUSHARE_METRICS_PORT='http'" in message
 
 
+def test_a_lease_whose_name_cannot_label_the_leaders_writes_is_refused_with_the_fix() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load({}, {"GPUSHARE_LEASE_NAME": "a-lease-named-at-such-length-that-no-label-holds-it"})
+    message = str(caught.value)
+    assert "'gpushare-system.a-lease-named-at-such-length-that-no-label-holds-it'" in message
+    assert "must fit a label value (63)" in message
+    assert "choose a shorter GPUSHARE_LEASE_NAME" in message
+    assert load({}, {"GPUSHARE_LEASE_NAME": "x" * 47}).lease_name == "x" * 47  # 63 with it
+
+
 def test_a_live_spec_applies_over_the_start_up_configuration() -> None:
     base = OperatorConfig()
     live = with_live(

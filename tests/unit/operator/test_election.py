@@ -8,29 +8,56 @@ from typing import Any
 
 import pytest
 
+from gpushare.kube import ApiError
 from gpushare.model import contract
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.election import LeaseElector, WriteFence
+from gpushare_operator.kubeapi import TermStamp
 
 pytestmark = pytest.mark.asyncio
 
 LEASE = "gpushare-system/gpushare-scheduler"  # the default Lease, its namespace and name
+LEASE_LABEL = "gpushare-system.gpushare-scheduler"  # the same, as the writes' label names it
 
 
 class OneLease:
-    """The Lease as the apiserver keeps it: a read, a create, a replace."""
+    """The Lease as the apiserver keeps it (a read, a create, a replace), and the fence's
+    binding: the term set on it, or the error that setting it meets."""
 
     def __init__(self) -> None:
         self.lease: dict[str, Any] | None = None
         self.version = 0
+        self.fence: tuple[str, str] = (LEASE_LABEL, "none")  # as the manifests install it
+        self.fence_error: ApiError | None = None
+        self.fence_writes = 0
+        self.fence_lag = 0  # how many more times the apiserver answers from its term before
+        self.fence_asked = 0
 
     async def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
         return copy.deepcopy(self.lease)
 
-    async def write_lease(self, namespace: str, body: Mapping[str, Any], *, create: bool) -> None:
+    async def write_lease(
+        self, namespace: str, body: Mapping[str, Any], *, create: bool
+    ) -> dict[str, Any]:
         self.lease = copy.deepcopy(dict(body))
         self.version += 1
         self.lease["metadata"]["resourceVersion"] = str(self.version)
+        if create:
+            self.lease["metadata"]["uid"] = f"uid-{self.version}"
+        return copy.deepcopy(self.lease)
+
+    async def set_fence(self, lease: str, term: str) -> None:
+        self.fence_writes += 1
+        if self.fence_error is not None:
+            raise self.fence_error
+        self.fence = (lease, term)
+
+    async def fence_holds(self, namespace: str, stamp: TermStamp) -> bool:
+        self.fence_asked += 1
+        if self.fence_lag:
+            self.fence_lag -= 1
+            return False
+        return stamp.labels[contract.LEASE_TERM_LABEL] == self.fence[1]
 
 
 def replica(api: OneLease, identity: str, wall: list[float], elapsed: list[float]) -> LeaseElector:
@@ -105,22 +132,28 @@ async def test_each_new_holder_writes_in_a_new_term_its_writes_are_stamped_with(
     fence = WriteFence(a.fresh, lambda: a.term)
     await a.step()
     await a.step()  # renewals keep the term
-    assert fence.stamp() == {contract.LEADER_TERM: f"{LEASE}/a/0"}
+    first = TermStamp(
+        annotations={contract.LEADER_TERM: f"{LEASE}/a/0"},
+        labels={contract.LEASE_LABEL: LEASE_LABEL, contract.LEASE_TERM_LABEL: "0.uid-1"},
+    )
+    assert fence.stamp() == first
     await b.step()
     b_elapsed[0] += 16  # "a" paused past its Lease: "b" takes it, in a term of its own
     await b.step()
-    assert b.term == f"{LEASE}/b/1"
+    assert str(b.term) == f"{LEASE}/b/1"
     assert api.lease is not None
     assert api.lease["spec"]["leaseTransitions"] == 1
-    # Resumed, "a" stamps its writes with the term that is over: the apiserver's policy
-    # (gpushare-leader-writes) compares it with the Lease's and refuses them.
-    assert fence.stamp() == {contract.LEADER_TERM: f"{LEASE}/a/0"}
+    # Resumed, "a" stamps its writes with the term that is over: the apiserver's binding
+    # (gpushare-leader-writes) holds "b"'s and refuses them.
+    assert fence.stamp() == first
+    assert api.fence == (LEASE_LABEL, "1.uid-1")
     await a.step()  # "a" steps down and sees "b" hold the Lease
     a_elapsed[0] += 16  # "b" gone quiet in turn: "a" leads again, in a new term
     await a.step()
     assert a.leading
-    assert fence.stamp() == {contract.LEADER_TERM: f"{LEASE}/a/2"}
-    assert not WriteFence(lambda: True).stamp()  # no leader election: nothing to stamp
+    assert fence.stamp().annotations == {contract.LEADER_TERM: f"{LEASE}/a/2"}
+    assert fence.stamp().labels[contract.LEASE_TERM_LABEL] == "2.uid-1"
+    assert WriteFence(lambda: True).stamp() == TermStamp()  # no leader election: no term
 
 
 async def test_a_lease_given_up_on_shutdown_is_taken_in_a_new_term() -> None:
@@ -131,7 +164,7 @@ async def test_a_lease_given_up_on_shutdown_is_taken_in_a_new_term() -> None:
     await a.release()  # a clean shutdown: no holder, at once
     await b.step()
     assert b.leading
-    assert b.term == f"{LEASE}/b/1"
+    assert str(b.term) == f"{LEASE}/b/1"
     await a.step()  # back, and standing by: the term stays b's
     assert not a.leading
     assert api.lease is not None
@@ -163,4 +196,89 @@ async def test_a_leader_paused_while_the_lease_changed_hands_twice_leads_afresh(
     # Its decisions from before are of a term that is over: its leadership starts again
     # (the runtime cancels them and lists everything before deciding).
     assert transitions == ["started", "stopped", "started"]
-    assert a.term == f"{LEASE}/a/2"
+    assert str(a.term) == f"{LEASE}/a/2"
+
+
+async def test_a_new_leader_sets_its_term_on_the_fence_before_it_leads_and_not_at_renewals() -> (
+    None
+):
+    api = OneLease()
+    fence_when_started: list[tuple[str, str]] = []
+    config = OperatorConfig(identity="a", lease_duration_s=15, renew_deadline_s=10)
+    a = LeaseElector(
+        api,  # type: ignore[arg-type]
+        config=lambda: config,
+        on_started_leading=lambda: fence_when_started.append(api.fence),
+        on_stopped_leading=lambda: None,
+        clock=lambda: 1000.0,
+        monotonic=lambda: 0.0,
+    )
+    for _ in range(3):
+        await a.step()
+    assert fence_when_started == [(LEASE_LABEL, "0.uid-1")]
+    assert api.fence_writes == 1
+
+
+async def test_a_replica_that_cannot_set_its_term_on_the_fence_does_not_lead_until_it_can() -> None:
+    api = OneLease()
+    api.fence_error = ApiError(403, "validatingadmissionpolicybindings is forbidden")
+    a = replica(api, "a", wall=[1000.0], elapsed=[0.0])
+    await a.step()
+    await a.step()
+    assert not a.leading  # its writes would be refused: the binding holds another term
+    assert api.fence == (LEASE_LABEL, "none")
+    api.fence_error = None  # the admin granted the right
+    await a.step()
+    assert a.leading
+    assert api.fence == (LEASE_LABEL, "0.uid-1")
+
+
+@pytest.mark.parametrize("status", [404, 422])
+async def test_without_a_fence_binding_of_its_lease_the_leader_leads_unfenced(status: int) -> None:
+    api = OneLease()
+    api.fence_error = ApiError(status, "not found, or the binding judges another Lease")
+    a = replica(api, "a", wall=[1000.0], elapsed=[0.0])
+    await a.step()
+    assert a.leading  # nothing refuses its writes: as before the policy was installed
+    await a.step()
+    assert api.fence_writes == 1
+
+
+async def test_a_write_refused_for_its_term_has_the_leader_set_its_term_on_the_fence_again() -> (
+    None
+):
+    api = OneLease()
+    a = replica(api, "a", wall=[1000.0], elapsed=[0.0])
+    await a.step()
+    api.fence = (LEASE_LABEL, "none")  # the admin applied the manifests again
+    a.fence_refused()  # the apiserver refused a Binding of the term now
+    await a.step()
+    assert a.leading
+    assert api.fence == (LEASE_LABEL, "0.uid-1")
+
+
+async def test_a_new_leader_leads_once_the_apiserver_holds_its_term_and_not_before() -> None:
+    api = OneLease()
+    api.fence_lag = 3  # the apiserver rebuilds its policies a moment after the change
+    a = replica(api, "a", wall=[1000.0], elapsed=[0.0])
+    await a.step()
+    assert a.leading
+    assert api.fence_asked == 4
+
+
+async def test_a_term_the_apiserver_does_not_hold_in_time_is_not_led_in_yet() -> None:
+    api = OneLease()
+    api.fence_lag = 1
+    config = OperatorConfig(identity="a", lease_duration_s=15, renew_deadline_s=10)
+    a = LeaseElector(
+        api,  # type: ignore[arg-type]
+        config=lambda: config,
+        on_started_leading=lambda: None,
+        on_stopped_leading=lambda: None,
+        fence_wait_s=0,
+    )
+    await a.step()
+    assert not a.leading
+    await a.step()  # the next round sets the term again and finds it held
+    assert a.leading
+    assert api.fence_writes == 2

@@ -119,8 +119,8 @@ WEBHOOK_FAULTS = (
     "apiserver stalled",
 )
 INTERNAL_ERRORS_SHARE = 0.5
-# How long after a takeover the apiserver's copy of the Lease (which its policy
-# gpushare-leader-writes reads) may still name the term before: milliseconds, with margin.
+# How long after a new leader set its term on the binding gpushare-leader-writes the
+# apiserver's copy of that binding may still hold the term before: milliseconds, with margin.
 LEASE_CACHE_LAG_S = 1.0
 
 
@@ -813,7 +813,7 @@ def check_bound_by_the_leader(
         term = (meta.get("annotations") or {}).get(contract.LEADER_TERM, "")
         if name not in taken and not unanswered[name]:
             problems.append(f"{name}: on a node without a Binding")
-        elif (meta.get("labels") or {}).get(contract.FENCED_LABEL) != "true" or term not in starts:
+        elif not (meta.get("labels") or {}).get(contract.LEASE_TERM_LABEL) or term not in starts:
             problems.append(f"{name}: bound outside a term ({term!r})")
         elif name in taken:
             later = [at for t, at in starts.items() if transitions(t) > transitions(term)]

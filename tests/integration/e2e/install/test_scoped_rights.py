@@ -25,9 +25,11 @@ from gpushare_harness.identities import (
     PLUGIN,
     operator_kubeconfig,
     plugin_kubeconfig,
+    tenant_kubeconfig,
     token,
     token_kubeconfig,
 )
+from gpushare_operator.election import LeaseTerm
 from gpushare_operator.kubeapi import Fenced, KubeSchedulerApi
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -210,35 +212,40 @@ async def test_the_operators_token_changes_only_its_webhooks_ca_bundle(
     assert OPERATOR[1] in config.read_text()
 
 
+LEASE_UID = "8c1e4b2a-0d6f-4c3e-9a57-2b1f0e9d7c64"
+FENCE = "/spec/matchResources/objectSelector/matchExpressions"
+"""Where the binding gpushare-leader-writes keeps its Lease (0) and the term now (1)."""
+
+
+def lease_term(holder: str, transitions: int, namespace: str = OPERATOR[0]) -> LeaseTerm:
+    return LeaseTerm(
+        namespace=namespace,
+        name="gpushare-scheduler",
+        holder=holder,
+        transitions=transitions,
+        uid=LEASE_UID,
+    )
+
+
 async def test_a_binding_or_eviction_sent_in_a_lease_term_that_is_over_is_refused(
     installed: client.CoreV1Api, plane: ControlPlane, tmp_path: Path
 ) -> None:
     """A replica paused between its check of the Lease and its write resumes with the write
-    still to send: the apiserver compares the term it names with the Lease's."""
+    still to send: the binding gpushare-leader-writes holds the term the leader set on it, and
+    the apiserver refuses the writes of the Lease sent in any other."""
     core = installed
-    lease = {
-        "metadata": {"name": "gpushare-scheduler"},
-        "spec": {"holderIdentity": "op-b", "leaseTransitions": 4, "leaseDurationSeconds": 4},
-    }
-    leases = client.CoordinationV1Api(core.api_client)  # type: ignore[attr-defined]
-    await raw_json(
-        leases.create_namespaced_lease(
-            OPERATOR[0], cast(client.V1Lease, lease), _preload_content=False
-        )
-    )
     for name in ("late", "other"):
         await create_pod(core, gpu_pod(name, number=1))
-    now = f"{OPERATOR[0]}/gpushare-scheduler/op-b/4"
-    over = f"{OPERATOR[0]}/gpushare-scheduler/op-a/3"
+    now, over = lease_term("op-b", 4), lease_term("op-a", 3)
     config = await operator_kubeconfig(core, plane.kubeconfig, tmp_path / "operator")
     async with await kube.api_client(config) as api:
         operator = client.CoreV1Api(api)
 
-        def write(kind: str, pod: str, term: str | None, **dry_run: Any) -> Awaitable[object]:
+        def write(kind: str, pod: str, term: LeaseTerm | None, **dry_run: Any) -> Awaitable[object]:
             metadata: dict[str, Any] = {"name": pod}
-            if term is not None:  # as the operator sends it: the term, and the label
-                metadata["annotations"] = {contract.LEADER_TERM: term}
-                metadata["labels"] = {contract.FENCED_LABEL: "true"}
+            if term is not None:  # as the operator sends it: the term, and its labels
+                metadata["annotations"] = dict(term.stamp().annotations)
+                metadata["labels"] = dict(term.stamp().labels)
             if kind == "Binding":
                 body = {"metadata": metadata, "target": {"kind": "Node", "name": "n1"}}
                 return operator.create_namespaced_pod_binding(
@@ -252,23 +259,35 @@ async def test_a_binding_or_eviction_sent_in_a_lease_term_that_is_over_is_refuse
                 **dry_run,
             )
 
+        # Before any leader set its term, the binding refuses every term of the Lease.
+        unset = await refusal(lambda **dry: write("Binding", "late", now, **dry))
+        assert f"the binding of pod default/late {contract.TERM_OVER} ({now})" in unset
+        async with KubeSchedulerApi(api, identity="op-b", timeout_s=30) as scheduler:
+            await scheduler.set_fence(now.lease_label, now.label)  # the operator's own right
         stale = await refusal(lambda **dry: write("Binding", "late", over, **dry))
-        assert f"the binding of pod default/late {contract.TERM_OVER} ({over}" in stale
-        assert f"the Lease names {now} now" in stale
-        await raw_json(write("Binding", "late", now))  # the term now: bound
+        assert f"the binding of pod default/late {contract.TERM_OVER} ({over})" in stale
+        await eventually(  # the apiserver's copy of the binding holds the new term
+            lambda: _taken(write("Binding", "late", now, dry_run="All")),
+            timeout_s=20,
+            what="the term now taken",
+        )
+        await raw_json(write("Binding", "late", now))
         bound = await raw_json(core.read_namespaced_pod("late", "default", _preload_content=False))
         assert bound["spec"]["nodeName"] == "n1"
-        assert bound["metadata"]["annotations"][contract.LEADER_TERM] == now
+        assert bound["metadata"]["annotations"][contract.LEADER_TERM] == str(now)
         evicted = await refusal(lambda **dry: write("Eviction", "late", over, **dry))
         assert f"the eviction of pod default/late {contract.TERM_OVER}" in evicted
         await raw_json(write("Eviction", "late", now, dry_run="All"))
         # Not judged: a write without a term (kube-scheduler's Bindings), or another Lease's.
         await raw_json(write("Binding", "other", None, dry_run="All"))
-        await raw_json(write("Binding", "other", "elsewhere/lease/op-a/3", dry_run="All"))
+        elsewhere = lease_term("op-a", 3, namespace="elsewhere")
+        await raw_json(write("Binding", "other", elsewhere, dry_run="All"))
 
-        # The operator's client takes the refusal as its fence's: the writers requeue.
+        # The operator's client takes the refusal as its fence's (the writers requeue), and
+        # tells the elector, which sets its term again if it still leads.
+        told: list[str] = []
         async with KubeSchedulerApi(api, identity="op-a", timeout_s=30) as scheduler:
-            scheduler.fence_leader_writes(lambda _: None, lambda: {contract.LEADER_TERM: over})
+            scheduler.fence_leader_writes(lambda _: None, over.stamp, lambda: told.append("x"))
             other = core.read_namespaced_pod("other", "default", _preload_content=False)
             ref = pod_ref(await raw_json(other))
             with pytest.raises(Fenced, match=contract.TERM_OVER):
@@ -276,6 +295,57 @@ async def test_a_binding_or_eviction_sent_in_a_lease_term_that_is_over_is_refuse
             late = core.read_namespaced_pod("late", "default", _preload_content=False)
             with pytest.raises(Fenced, match=contract.TERM_OVER):
                 await scheduler.evict(pod_ref(await raw_json(late)))
+        assert told == ["x", "x"]
+
+
+async def _taken(call: Awaitable[object]) -> bool:
+    try:
+        await raw_json(call)
+    except ApiError as error:
+        if contract.TERM_OVER in error.message:
+            return False
+        raise
+    return True
+
+
+async def test_the_operator_alone_sets_the_lease_term_on_the_fences_binding(
+    installed: client.CoreV1Api, plane: ControlPlane, tmp_path: Path
+) -> None:
+    admin = client.AdmissionregistrationV1Api(installed.api_client)  # type: ignore[attr-defined]
+    term = lease_term("op-a", 7)
+    replace = [{"op": "replace", "path": f"{FENCE}/1/values", "value": [term.label]}]
+
+    def patch(
+        api: client.ApiClient, name: str = contract.FENCE_BINDING, **dry_run: Any
+    ) -> Awaitable[object]:
+        return client.AdmissionregistrationV1Api(api).patch_validating_admission_policy_binding(
+            name,
+            replace,
+            _content_type=JSON_PATCH,  # type: ignore[call-arg]
+            _preload_content=False,
+            **dry_run,
+        )
+
+    tenant = await tenant_kubeconfig(installed, plane.kubeconfig, "default", tmp_path / "tenant")
+    async with await kube.api_client(tenant) as api:
+        assert "forbidden" in await refusal(lambda **dry: patch(api, **dry))
+    config = await operator_kubeconfig(installed, plane.kubeconfig, tmp_path / "operator")
+    async with await kube.api_client(config) as api:
+        # RBAC names this binding alone.
+        assert "forbidden" in await refusal(lambda **dry: patch(api, "gpushare-gpu-pods", **dry))
+        async with KubeSchedulerApi(api, identity="op-a", timeout_s=30) as scheduler:
+            await scheduler.set_fence(term.lease_label, term.label)
+            with pytest.raises(ApiError) as elsewhere:  # its JSON Patch tests the Lease
+                await scheduler.set_fence("elsewhere.lease", "1." + LEASE_UID)
+            assert elsewhere.value.status == 422
+    binding = await raw_json(
+        admin.read_validating_admission_policy_binding(
+            contract.FENCE_BINDING, _preload_content=False
+        )
+    )
+    selector = binding["spec"]["matchResources"]["objectSelector"]["matchExpressions"]
+    assert selector[0]["values"] == [term.lease_label]
+    assert selector[1]["values"] == [term.label]
 
 
 async def test_a_pods_placement_record_is_written_by_gpushare_alone(
