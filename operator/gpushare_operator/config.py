@@ -33,6 +33,7 @@ class ConfigError(ValueError):
 
 
 LABEL_VALUE_MAX = 63
+"""The longest a Kubernetes label value may be."""
 
 
 def lease_label(namespace: str, name: str) -> str:

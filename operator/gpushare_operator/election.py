@@ -33,7 +33,9 @@ from gpushare_operator.config import OperatorConfig, lease_label, live_view
 from gpushare_operator.kubeapi import Fenced, SchedulerApi, TermStamp
 
 FENCE_WAIT_S = 5.0
+"""How long a new term waits at most for the apiserver to hold it (its renewal also bounds it)."""
 FENCE_POLL_S = 0.1
+"""How often it asks meanwhile."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class LeaseTerm:
 
     @classmethod
     def of(cls, lease: Mapping[str, Any]) -> LeaseTerm:
+        """The term of `lease` as the apiserver returned it (its uid included)."""
         meta, spec = lease.get("metadata") or {}, lease.get("spec") or {}
         return cls(
             namespace=meta.get("namespace", ""),
@@ -65,6 +68,7 @@ class LeaseTerm:
 
     @property
     def lease_label(self) -> str:
+        """`contract.LEASE_LABEL`'s value, which the fence's binding selects."""
         return lease_label(self.namespace, self.name)
 
     def __str__(self) -> str:
@@ -140,6 +144,8 @@ class LeaseElector:
         self.term: LeaseTerm | None = None
         """The term of the Lease as this replica last wrote it: a new holder makes a new
         term."""
+        self._holds = False
+        """Whether the last round held the Lease (leading or not: see `_keep_fence`)."""
         self._fenced_in: LeaseTerm | None = None
         """The term this replica last set on the fence's binding (or found it could not be:
         no binding of its Lease)."""
@@ -180,81 +186,143 @@ class LeaseElector:
                 self.leading = False
                 self._log.warning("stopped_leading", reason=f"the Lease was {self._led_in}'s")
                 self._stopped()
-            if self._fenced_in != self.term and not await self._set_fence():
+            self._holds = True
+            if not await self._keep_fence():
                 return  # not before the apiserver refuses the writes of the term before
             if not self.leading:
                 self.leading = True
                 self._led_in = self.term
                 self._log.info("started_leading", term=str(self.term))
                 self._started()
-        elif self.leading and now - self._renewed_at > self._config().renew_deadline_s:
+            return
+        self._holds = False
+        if self.leading and now - self._renewed_at > self._config().renew_deadline_s:
             self.leading = False
             self._log.warning("stopped_leading", reason="could not renew the Lease in time")
             self._stopped()
 
-    def fence_refused(self) -> None:
+    def on_term_refused(self) -> None:
         """The apiserver refused a write as sent in a term that is over: if this replica still
         holds the Lease, the binding no longer holds its term (an admin applied the manifests
-        again, which set it back): its next round sets it again."""
+        again, or rolled them back): its next round sets it again."""
         self._fenced_in = None
 
-    async def _set_fence(self) -> bool:
-        """Set this term on the fence's binding; whether this replica may lead."""
+    def _in_time(self) -> bool:
+        """Whether the last renewal is recent enough that no other replica can hold the
+        Lease: what this replica sets on the fence must never be a term that is over."""
+        return self._monotonic() - self._renewed_at <= self._config().renew_deadline_s
+
+    async def _keep_fence(self) -> bool:
+        """Whether this replica may lead now: the apiserver refuses the writes of its Lease
+        sent in any other term (or fences none of them, and this replica says so). Asked each
+        round: an apply or a rollback may have set another term on the binding meanwhile."""
         term = self.term
         assert term is not None
+        if self._fenced_in == term:
+            try:
+                if await self._api.fence_holds(term.namespace, term.stamp()):
+                    return True
+            except (ApiError, OSError, TimeoutError) as error:
+                self._log.warning("leader_fence_not_confirmed", error=repr(error))
+                return True  # as it was last round; asked again next round
+            self._log.warning("leader_fence_lost", term=term.label)
+            self._fenced_in = None
+        return await self._set_fence(term)
+
+    async def _set_fence(self, term: LeaseTerm) -> bool:
+        """Set `term` on the fence's binding, unless a later term of the Lease is there (this
+        replica's renewal raced a takeover); whether this replica may lead."""
         try:
-            await self._api.set_fence(term.lease_label, term.label)
-        except ApiError as error:
-            if error.status not in (404, 422):
-                self._log.error(
-                    "leader_fence_not_set",
-                    error=str(error),
-                    fix="give the operator's ServiceAccount patch on the "
-                    f"ValidatingAdmissionPolicyBinding {contract.FENCE_BINDING} (the "
-                    "ClusterRole gpushare-operator of this version's manifests or chart)",
-                )
-                return False
+            requirements = await self._api.read_fence()
+        except (ApiError, OSError, TimeoutError) as error:
+            if isinstance(error, ApiError) and error.status == 403:
+                return await self._lead_unset(term, error)
+            self._log.warning("leader_fence_not_set", error=repr(error))
+            return False
+        before = _term_held(requirements, term.lease_label)
+        if before is None:
             # No binding of this Lease: nothing there refuses the writes of a term that is
             # over. Lead all the same, as without the policy.
             self._log.warning(
                 "leader_writes_unfenced",
-                error=str(error),
                 fix=f"apply this version's manifests or chart: the binding "
-                f"{contract.FENCE_BINDING}, whose first requirement selects "
-                f"{contract.LEASE_LABEL} in ({term.lease_label})",
+                f"{contract.FENCE_BINDING}, whose requirements select {contract.LEASE_LABEL} "
+                f"in ({term.lease_label}) and {contract.LEASE_TERM_LABEL} not in (a term)",
             )
             self._fenced_in = term
             return True
+        if _later(before, term):
+            self._log.warning("leader_fence_later", held=before, term=term.label)
+            return False
+        ready = (
+            before == [term.label] or await self._patch_fence(term, before)
+        ) and await self._held_in_time(term)
+        if ready:
+            self._fenced_in = term
+        return ready
+
+    async def _patch_fence(self, term: LeaseTerm, before: list[str]) -> bool:
+        """Replace `before` with `term` on the binding; whether it was."""
+        if not self._in_time():
+            return False
+        try:
+            await self._api.set_fence(term.lease_label, before, term.label)
+        except ApiError as error:
+            if error.status == 403:
+                return await self._lead_unset(term, error)
+            # 422: the binding changed since it was read; read it again next round.
+            self._log.warning("leader_fence_not_set", error=str(error))
+            return False
         except (OSError, TimeoutError) as error:
             self._log.warning("leader_fence_not_set", error=repr(error))
             return False
-        # The apiserver rebuilds its policies a second after a change: until then it would
-        # take the writes of the term before, and refuse this one's.
-        deadline = self._monotonic() + self._fence_wait_s
-        while True:
+        return True
+
+    async def _held_in_time(self, term: LeaseTerm) -> bool:
+        """Whether the apiserver takes a write of `term` before this round's renewal runs
+        out. It rebuilds its policies a second after a change: until then it would take the
+        writes of the term before, and refuse this one's."""
+        for _ in range(max(1, round(self._fence_wait_s / FENCE_POLL_S))):
             try:
                 if await self._api.fence_holds(term.namespace, term.stamp()):
-                    break
+                    return self._in_time()
             except (ApiError, OSError, TimeoutError) as error:
                 self._log.warning("leader_fence_not_confirmed", error=repr(error))
                 return False
-            if self._monotonic() >= deadline:
-                self._log.warning(
-                    "leader_fence_not_confirmed",
-                    error=f"the apiserver did not hold term {term.label} within "
-                    f"{self._fence_wait_s} s",
-                )
-                return False
+            if not self._in_time():
+                break
             await asyncio.sleep(FENCE_POLL_S)
-        self._fenced_in = term
-        return True
+        self._log.warning(
+            "leader_fence_not_confirmed",
+            error=f"the apiserver did not take a write of term {term.label} in time",
+        )
+        return False
+
+    async def _lead_unset(self, term: LeaseTerm, error: ApiError) -> bool:
+        """No right to read or set the fence's binding (an operator upgraded before its
+        ClusterRole): lead if the apiserver takes this term's writes all the same."""
+        self._log.error(
+            "leader_fence_not_set",
+            error=str(error),
+            fix="give the operator's ServiceAccount get and patch on the "
+            f"ValidatingAdmissionPolicyBinding {contract.FENCE_BINDING} (the ClusterRole "
+            "gpushare-operator of this version's manifests or chart)",
+        )
+        try:
+            taken = await self._api.fence_holds(term.namespace, term.stamp())
+        except (ApiError, OSError, TimeoutError):
+            return False
+        if taken:
+            self._fenced_in = term  # then asked each round as any other
+        return taken
 
     async def release(self) -> None:
         """Give the Lease up now (clean shutdown), so a standby need not wait it out."""
-        if not self.leading:
+        if not (self.leading or self._holds):
             return
-        self.leading = False
-        self._stopped()
+        if self.leading:
+            self.leading = False
+            self._stopped()
         config = self._config()
         lease = await self._read()
         if lease is None or lease.get("spec", {}).get("holderIdentity") != config.identity:
@@ -350,6 +418,31 @@ class LeaseElector:
         if record != self._observed:
             self._observed, self._observed_at = record, now
         return now - self._observed_at > duration_s
+
+
+def _term_held(requirements: list[dict[str, Any]] | None, lease: str) -> list[str] | None:
+    """The term values of a fence binding of `lease` (its Lease, then its term, in the shape
+    the manifests give it); None when the binding is missing or fences another Lease."""
+    if requirements is None or len(requirements) != 2:
+        return None
+    first, second = requirements
+    shaped = (
+        first.get("key") == contract.LEASE_LABEL
+        and first.get("operator") == "In"
+        and first.get("values") == [lease]
+        and second.get("key") == contract.LEASE_TERM_LABEL
+        and second.get("operator") == "NotIn"
+    )
+    return list(second.get("values") or []) if shaped else None
+
+
+def _later(held: list[str], term: LeaseTerm) -> bool:
+    """Whether the binding holds a later term of the same Lease than `term`."""
+    for value in held:
+        transitions, _, uid = value.partition(".")
+        if uid == term.uid and transitions.isdigit() and int(transitions) > term.transitions:
+            return True
+    return False
 
 
 def _published(config: OperatorConfig) -> dict[str, str]:

@@ -106,11 +106,16 @@ class SchedulerApi(Protocol):
         the Lease as written."""
         ...
 
-    async def set_fence(self, lease: str, term: str) -> None:
+    async def read_fence(self) -> list[dict[str, Any]] | None:
+        """The object selector's requirements of the binding `contract.FENCE_BINDING` (its
+        Lease, then its term); None when there is no such binding."""
+        ...
+
+    async def set_fence(self, lease: str, before: list[str], term: str) -> None:
         """Have the apiserver refuse the writes of Lease `lease` (`contract.LEASE_LABEL`'s value)
         sent in any term but `term` (`contract.LEASE_TERM_LABEL`'s): set it on the binding
-        `contract.FENCE_BINDING`. ApiError 404 when the binding is missing, 422 when it judges
-        another Lease's writes."""
+        `contract.FENCE_BINDING`, if that still holds `before` and selects `lease`'s writes
+        (else ApiError 422)."""
         ...
 
     async def fence_holds(self, namespace: str, stamp: TermStamp) -> bool:
@@ -149,7 +154,7 @@ def _unfenced(_write: str) -> None:
     """No fence: an operator that does not elect a leader."""
 
 
-def _no_one_told() -> None:
+def _ignore_refusal() -> None:
     """Without leader election no write is refused for its term."""
 
 
@@ -184,7 +189,7 @@ class KubeSchedulerApi:
         """The term a leader's write names (`fence_leader_writes`)."""
         self._check_leading: Callable[[str], None] = _unfenced
         """The fence's last ask before a Binding goes out (`fence_leader_writes`)."""
-        self._refused: Callable[[], None] = _no_one_told
+        self._refused: Callable[[], None] = _ignore_refusal
         """Told when the apiserver refuses a write for its term (`fence_leader_writes`)."""
 
     async def close(self) -> None:
@@ -201,7 +206,7 @@ class KubeSchedulerApi:
         self,
         check: Callable[[str], None],
         stamp: Callable[[], TermStamp],
-        refused: Callable[[], None] = _no_one_told,
+        refused: Callable[[], None] = _ignore_refusal,
     ) -> None:
         """Have each Binding and eviction carry `stamp()` (`WriteFence.stamp`: the Lease term
         it is sent in, which the apiserver's binding gpushare-leader-writes compares with the
@@ -214,7 +219,7 @@ class KubeSchedulerApi:
         (`Http2Writer`: a TLS handshake lies between only when the connection is new); an
         eviction once its aiohttp connection is had (on Python 3.11 one turn of the event
         loop still lies between: aiohttp writes the body from a task of its own, started at
-        once from 3.12 on), its connection closed. `refused` (`LeaseElector.fence_refused`)
+        once from 3.12 on), its connection closed. `refused` (`LeaseElector.on_term_refused`)
         is told when the apiserver refuses one for its term."""
 
         self._stamp = stamp
@@ -486,7 +491,7 @@ class KubeSchedulerApi:
             "target": {"kind": "Node", "name": FENCE_PROBE},
         }
         try:
-            with _term_over(_no_one_told):
+            with _term_over(_ignore_refusal):
                 await raw_json(
                     self._core.create_namespaced_pod_binding(
                         FENCE_PROBE,
@@ -504,17 +509,37 @@ class KubeSchedulerApi:
                 raise
         return True
 
-    async def set_fence(self, lease: str, term: str) -> None:
-        # A JSON Patch of the one value that changes; its test makes a binding that selects
-        # another Lease's writes (or is shaped otherwise) a 422, left as it is.
+    async def read_fence(self) -> list[dict[str, Any]] | None:
+        binding = await _unless_absent(
+            self._admission.read_validating_admission_policy_binding(
+                contract.FENCE_BINDING, _preload_content=False, _request_timeout=self._timeout
+            )
+        )
+        if binding is None:
+            return None
+        selector = (binding.get("spec") or {}).get("matchResources") or {}
+        return list((selector.get("objectSelector") or {}).get("matchExpressions") or [])
+
+    async def set_fence(self, lease: str, before: list[str], term: str) -> None:
+        # A JSON Patch of the one value that changes, on the condition that the binding is as
+        # read: another replica's term set meanwhile, or a binding of another shape, is a 422.
         selector = "/spec/matchResources/objectSelector/matchExpressions"
+        expected = {
+            "0/key": contract.LEASE_LABEL,
+            "0/operator": "In",
+            "0/values": [lease],
+            "1/key": contract.LEASE_TERM_LABEL,
+            "1/operator": "NotIn",
+            "1/values": before,
+        }
         await raw_json(
             self._admission.patch_validating_admission_policy_binding(
                 contract.FENCE_BINDING,
                 [
-                    {"op": "test", "path": f"{selector}/0/key", "value": contract.LEASE_LABEL},
-                    {"op": "test", "path": f"{selector}/0/values", "value": [lease]},
-                    {"op": "test", "path": f"{selector}/1/key", "value": contract.LEASE_TERM_LABEL},
+                    *(
+                        {"op": "test", "path": f"{selector}/{at}", "value": v}
+                        for at, v in expected.items()
+                    ),
                     {"op": "replace", "path": f"{selector}/1/values", "value": [term]},
                 ],
                 field_manager=COMPONENT,  # who holds the term, in a conflict's message

@@ -46,7 +46,8 @@ fresh install or where the cluster cannot be read (helm template).
 */}}
 {{- define "gpushare.leaseTerm" -}}
 {{- $term := "none" -}}
-{{- $live := lookup "admissionregistration.k8s.io/v1" "ValidatingAdmissionPolicyBinding" "" "gpushare-leader-writes" -}}
+{{- $kind := "ValidatingAdmissionPolicyBinding" -}}
+{{- $live := lookup "admissionregistration.k8s.io/v1" $kind "" "gpushare-leader-writes" -}}
 {{- range (dig "spec" "matchResources" "objectSelector" "matchExpressions" (list) $live) -}}
 {{- if and (eq (get . "key") "gpushare.io/lease-term") (get . "values") -}}
 {{- $term = first (get . "values") -}}

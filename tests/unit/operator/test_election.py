@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -22,16 +22,19 @@ LEASE_LABEL = "gpushare-system.gpushare-scheduler"  # the same, as the writes' l
 
 class OneLease:
     """The Lease as the apiserver keeps it (a read, a create, a replace), and the fence's
-    binding: the term set on it, or the error that setting it meets."""
+    binding: the term it holds, the error that reading or setting it meets, and how many more
+    times the apiserver answers from the term before (it rebuilds its policies a moment
+    after a change)."""
 
     def __init__(self) -> None:
         self.lease: dict[str, Any] | None = None
         self.version = 0
-        self.fence: tuple[str, str] = (LEASE_LABEL, "none")  # as the manifests install it
+        self.fence: tuple[str, str] | None = (LEASE_LABEL, "none")  # as the manifests have it
         self.fence_error: ApiError | None = None
         self.fence_writes = 0
-        self.fence_lag = 0  # how many more times the apiserver answers from its term before
-        self.fence_asked = 0
+        self.fence_lag = 0
+        self.meanwhile: Callable[[], None] = lambda: None
+        """What happens between a replica's renewal and its read of the fence."""
 
     async def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
         return copy.deepcopy(self.lease)
@@ -43,20 +46,35 @@ class OneLease:
         self.version += 1
         self.lease["metadata"]["resourceVersion"] = str(self.version)
         if create:
-            self.lease["metadata"]["uid"] = f"uid-{self.version}"
+            self.lease["metadata"]["uid"] = "uid-1"
         return copy.deepcopy(self.lease)
 
-    async def set_fence(self, lease: str, term: str) -> None:
+    async def read_fence(self) -> list[dict[str, Any]] | None:
+        self.meanwhile()
+        if self.fence_error is not None:
+            raise self.fence_error
+        if self.fence is None:
+            return None
+        lease, term = self.fence
+        return [
+            {"key": contract.LEASE_LABEL, "operator": "In", "values": [lease]},
+            {"key": contract.LEASE_TERM_LABEL, "operator": "NotIn", "values": [term]},
+        ]
+
+    async def set_fence(self, lease: str, before: list[str], term: str) -> None:
         self.fence_writes += 1
         if self.fence_error is not None:
             raise self.fence_error
+        if self.fence is None or (lease, before) != (self.fence[0], [self.fence[1]]):
+            raise ApiError(422, "the test operation failed")
         self.fence = (lease, term)
 
     async def fence_holds(self, namespace: str, stamp: TermStamp) -> bool:
-        self.fence_asked += 1
         if self.fence_lag:
             self.fence_lag -= 1
             return False
+        if self.fence is None or self.fence[0] != stamp.labels[contract.LEASE_LABEL]:
+            return True  # nothing fences the Lease's writes
         return stamp.labels[contract.LEASE_TERM_LABEL] == self.fence[1]
 
 
@@ -203,7 +221,7 @@ async def test_a_new_leader_sets_its_term_on_the_fence_before_it_leads_and_not_a
     None
 ):
     api = OneLease()
-    fence_when_started: list[tuple[str, str]] = []
+    fence_when_started: list[tuple[str, str] | None] = []
     config = OperatorConfig(identity="a", lease_duration_s=15, renew_deadline_s=10)
     a = LeaseElector(
         api,  # type: ignore[arg-type]
@@ -219,51 +237,102 @@ async def test_a_new_leader_sets_its_term_on_the_fence_before_it_leads_and_not_a
     assert api.fence_writes == 1
 
 
-async def test_a_replica_that_cannot_set_its_term_on_the_fence_does_not_lead_until_it_can() -> None:
+@pytest.mark.parametrize("status", [403, 500])
+async def test_a_replica_that_cannot_set_its_term_on_the_fence_does_not_lead_until_it_can(
+    status: int,
+) -> None:
     api = OneLease()
-    api.fence_error = ApiError(403, "validatingadmissionpolicybindings is forbidden")
+    api.fence_error = ApiError(status, "validatingadmissionpolicybindings is forbidden")
     a = replica(api, "a", wall=[1000.0], elapsed=[0.0])
     await a.step()
     await a.step()
     assert not a.leading  # its writes would be refused: the binding holds another term
     assert api.fence == (LEASE_LABEL, "none")
-    api.fence_error = None  # the admin granted the right
+    api.fence_error = None  # the admin granted the right, or the apiserver recovered
     await a.step()
     assert a.leading
     assert api.fence == (LEASE_LABEL, "0.uid-1")
 
 
-@pytest.mark.parametrize("status", [404, 422])
-async def test_without_a_fence_binding_of_its_lease_the_leader_leads_unfenced(status: int) -> None:
+async def test_a_replica_without_the_right_leads_if_the_apiserver_takes_its_writes() -> None:
     api = OneLease()
-    api.fence_error = ApiError(status, "not found, or the binding judges another Lease")
+    api.fence = (LEASE_LABEL, "0.uid-1")  # the binding happens to hold its term
+    api.fence_error = ApiError(403, "validatingadmissionpolicybindings is forbidden")
+    a = replica(api, "a", wall=[1000.0], elapsed=[0.0])
+    await a.step()
+    assert a.leading
+
+
+async def test_a_replica_holding_the_lease_without_leading_gives_it_up_on_shutdown() -> None:
+    api = OneLease()
+    api.fence_error = ApiError(403, "validatingadmissionpolicybindings is forbidden")
+    a = replica(api, "a", wall=[1000.0], elapsed=[0.0])
+    await a.step()
+    assert not a.leading
+    await a.release()
+    assert api.lease is not None
+    assert api.lease["spec"]["holderIdentity"] is None  # a standby need not wait it out
+
+
+@pytest.mark.parametrize("fence", [None, ("elsewhere.lease", "none")])
+async def test_without_a_fence_binding_of_its_lease_the_leader_leads_unfenced(
+    fence: tuple[str, str] | None,
+) -> None:
+    api = OneLease()
+    api.fence = fence  # none at all, or one that fences another Lease
     a = replica(api, "a", wall=[1000.0], elapsed=[0.0])
     await a.step()
     assert a.leading  # nothing refuses its writes: as before the policy was installed
     await a.step()
-    assert api.fence_writes == 1
+    assert api.fence_writes == 0
+    assert api.fence == fence
 
 
-async def test_a_write_refused_for_its_term_has_the_leader_set_its_term_on_the_fence_again() -> (
-    None
-):
+async def test_a_replica_whose_renewal_raced_a_takeover_never_sets_its_term_back() -> None:
+    api = OneLease()
+    a = replica(api, "a", wall=[1000.0], elapsed=[0.0])
+    await a.step()
+    api.fence = (LEASE_LABEL, "none")  # set back by an apply: "a" sets its term next round
+
+    def taken_over() -> None:  # "a" paused between its renewal and the fence: "b" took over
+        api.fence = (LEASE_LABEL, "1.uid-1")
+        api.meanwhile = lambda: None
+
+    api.meanwhile = taken_over
+    await a.step()
+    assert api.fence == (LEASE_LABEL, "1.uid-1")  # a later term: left there
+    assert api.fence_writes == 1  # its first term's, none since
+
+
+async def test_a_leader_whose_term_was_set_back_on_the_fence_sets_it_again() -> None:
     api = OneLease()
     a = replica(api, "a", wall=[1000.0], elapsed=[0.0])
     await a.step()
     api.fence = (LEASE_LABEL, "none")  # the admin applied the manifests again
-    a.fence_refused()  # the apiserver refused a Binding of the term now
-    await a.step()
+    await a.step()  # each round asks whether the apiserver still takes its term
     assert a.leading
+    assert api.fence == (LEASE_LABEL, "0.uid-1")
+    api.fence = (LEASE_LABEL, "none")
+    a.on_term_refused()  # the apiserver refused a Binding of the term now
+    await a.step()
     assert api.fence == (LEASE_LABEL, "0.uid-1")
 
 
 async def test_a_new_leader_leads_once_the_apiserver_holds_its_term_and_not_before() -> None:
     api = OneLease()
     api.fence_lag = 3  # the apiserver rebuilds its policies a moment after the change
-    a = replica(api, "a", wall=[1000.0], elapsed=[0.0])
+    lag_when_started: list[int] = []
+    config = OperatorConfig(identity="a", lease_duration_s=15, renew_deadline_s=10)
+    a = LeaseElector(
+        api,  # type: ignore[arg-type]
+        config=lambda: config,
+        on_started_leading=lambda: lag_when_started.append(api.fence_lag),
+        on_stopped_leading=lambda: None,
+        clock=lambda: 1000.0,
+        monotonic=lambda: 0.0,
+    )
     await a.step()
-    assert a.leading
-    assert api.fence_asked == 4
+    assert lag_when_started == [0]
 
 
 async def test_a_term_the_apiserver_does_not_hold_in_time_is_not_led_in_yet() -> None:
@@ -279,6 +348,6 @@ async def test_a_term_the_apiserver_does_not_hold_in_time_is_not_led_in_yet() ->
     )
     await a.step()
     assert not a.leading
-    await a.step()  # the next round sets the term again and finds it held
+    await a.step()  # the next round finds its term held
     assert a.leading
-    assert api.fence_writes == 2
+    assert api.fence_writes == 1

@@ -119,9 +119,17 @@ WEBHOOK_FAULTS = (
     "apiserver stalled",
 )
 INTERNAL_ERRORS_SHARE = 0.5
-# How long after a new leader set its term on the binding gpushare-leader-writes the
-# apiserver's copy of that binding may still hold the term before: milliseconds, with margin.
+# How long a Binding of the term before may land after the next term's leader logged that it
+# leads: it leads only once the apiserver refuses that term (it checks with a dry run), so this
+# is the log's timestamp against the audit log's, with margin.
 LEASE_CACHE_LAG_S = 1.0
+
+
+def _labelled_in(meta: dict[str, Any], term: str) -> bool:
+    """Whether the pod's labels name the term its annotation names (the transitions that both
+    spell; the label adds the Lease's uid)."""
+    label = (meta.get("labels") or {}).get(contract.LEASE_TERM_LABEL, "")
+    return bool(term) and label.partition(".")[0] == term.rpartition("/")[2]
 
 
 class FakeNode:
@@ -813,7 +821,7 @@ def check_bound_by_the_leader(
         term = (meta.get("annotations") or {}).get(contract.LEADER_TERM, "")
         if name not in taken and not unanswered[name]:
             problems.append(f"{name}: on a node without a Binding")
-        elif not (meta.get("labels") or {}).get(contract.LEASE_TERM_LABEL) or term not in starts:
+        elif not _labelled_in(meta, term) or term not in starts:
             problems.append(f"{name}: bound outside a term ({term!r})")
         elif name in taken:
             later = [at for t, at in starts.items() if transitions(t) > transitions(term)]

@@ -263,14 +263,18 @@ async def test_a_binding_or_eviction_sent_in_a_lease_term_that_is_over_is_refuse
         unset = await refusal(lambda **dry: write("Binding", "late", now, **dry))
         assert f"the binding of pod default/late {contract.TERM_OVER} ({now})" in unset
         async with KubeSchedulerApi(api, identity="op-b", timeout_s=30) as scheduler:
-            await scheduler.set_fence(now.lease_label, now.label)  # the operator's own right
+            assert not await scheduler.fence_holds(OPERATOR[0], now.stamp())
+            await scheduler.set_fence(now.lease_label, ["none"], now.label)  # its own right
+            # What the elector asks before it leads: the apiserver takes the term's writes
+            # once it rebuilt its policies, and from then on refuses the term before's.
+            await eventually(
+                lambda: scheduler.fence_holds(OPERATOR[0], now.stamp()),
+                timeout_s=20,
+                what="the term now taken",
+            )
+            assert not await scheduler.fence_holds(OPERATOR[0], over.stamp())
         stale = await refusal(lambda **dry: write("Binding", "late", over, **dry))
         assert f"the binding of pod default/late {contract.TERM_OVER} ({over})" in stale
-        await eventually(  # the apiserver's copy of the binding holds the new term
-            lambda: _taken(write("Binding", "late", now, dry_run="All")),
-            timeout_s=20,
-            what="the term now taken",
-        )
         await raw_json(write("Binding", "late", now))
         bound = await raw_json(core.read_namespaced_pod("late", "default", _preload_content=False))
         assert bound["spec"]["nodeName"] == "n1"
@@ -296,16 +300,6 @@ async def test_a_binding_or_eviction_sent_in_a_lease_term_that_is_over_is_refuse
             with pytest.raises(Fenced, match=contract.TERM_OVER):
                 await scheduler.evict(pod_ref(await raw_json(late)))
         assert told == ["x", "x"]
-
-
-async def _taken(call: Awaitable[object]) -> bool:
-    try:
-        await raw_json(call)
-    except ApiError as error:
-        if contract.TERM_OVER in error.message:
-            return False
-        raise
-    return True
 
 
 async def test_the_operator_alone_sets_the_lease_term_on_the_fences_binding(
@@ -334,10 +328,15 @@ async def test_the_operator_alone_sets_the_lease_term_on_the_fences_binding(
         # RBAC names this binding alone.
         assert "forbidden" in await refusal(lambda **dry: patch(api, "gpushare-gpu-pods", **dry))
         async with KubeSchedulerApi(api, identity="op-a", timeout_s=30) as scheduler:
-            await scheduler.set_fence(term.lease_label, term.label)
-            with pytest.raises(ApiError) as elsewhere:  # its JSON Patch tests the Lease
-                await scheduler.set_fence("elsewhere.lease", "1." + LEASE_UID)
-            assert elsewhere.value.status == 422
+            requirements = await scheduler.read_fence()
+            assert requirements is not None
+            assert requirements[1]["values"] == ["none"]
+            await scheduler.set_fence(term.lease_label, ["none"], term.label)
+            # Its JSON Patch tests the binding as read: its Lease, and the term it replaces.
+            for lease, before in (("elsewhere.lease", [term.label]), (term.lease_label, ["x"])):
+                with pytest.raises(ApiError) as changed:
+                    await scheduler.set_fence(lease, before, "1." + LEASE_UID)
+                assert changed.value.status == 422
     binding = await raw_json(
         admin.read_validating_admission_policy_binding(
             contract.FENCE_BINDING, _preload_content=False
