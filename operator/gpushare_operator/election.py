@@ -144,8 +144,6 @@ class LeaseElector:
         self.term: LeaseTerm | None = None
         """The term of the Lease as this replica last wrote it: a new holder makes a new
         term."""
-        self._holds = False
-        """Whether the last round held the Lease (leading or not: see `_keep_fence`)."""
         self._fenced_in: LeaseTerm | None = None
         """The term this replica last set on the fence's binding (or found it could not be:
         no binding of its Lease)."""
@@ -169,9 +167,9 @@ class LeaseElector:
     def fresh(self) -> bool:
         """Leading, with the Lease renewed within the renew deadline (shorter than the Lease):
         no standby can have taken it yet. A replica paused past its Lease (SIGSTOP, a stalled
-        VM) resumes sure it leads until its next round: `WriteFence` asks this first."""
-        since = self._monotonic() - self._renewed_at
-        return self.leading and since <= self._config().renew_deadline_s
+        VM) resumes sure it leads until its next round: `WriteFence` asks this first. And
+        with its term held by the fence: a write the apiserver would refuse is not sent."""
+        return self.leading and self._in_time() and self._fenced_in == self.term
 
     async def step(self) -> None:
         """One acquire-or-renew round, and the transitions it causes."""
@@ -186,7 +184,6 @@ class LeaseElector:
                 self.leading = False
                 self._log.warning("stopped_leading", reason=f"the Lease was {self._led_in}'s")
                 self._stopped()
-            self._holds = True
             if not await self._keep_fence():
                 return  # not before the apiserver refuses the writes of the term before
             if not self.leading:
@@ -195,7 +192,6 @@ class LeaseElector:
                 self._log.info("started_leading", term=str(self.term))
                 self._started()
             return
-        self._holds = False
         if self.leading and now - self._renewed_at > self._config().renew_deadline_s:
             self.leading = False
             self._log.warning("stopped_leading", reason="could not renew the Lease in time")
@@ -241,8 +237,11 @@ class LeaseElector:
             return False
         before = _term_held(requirements, term.lease_label)
         if before is None:
-            # No binding of this Lease: nothing there refuses the writes of a term that is
-            # over. Lead all the same, as without the policy.
+            # No binding of this Lease in the manifests' shape: if the apiserver takes this
+            # term's writes, nothing refuses those of a term that is over either. Lead all the
+            # same, as without the policy; else wait for an admin to mend the binding.
+            if not await self._held_in_time(term):
+                return False
             self._log.warning(
                 "leader_writes_unfenced",
                 fix=f"apply this version's manifests or chart: the binding "
@@ -282,14 +281,17 @@ class LeaseElector:
         """Whether the apiserver takes a write of `term` before this round's renewal runs
         out. It rebuilds its policies a second after a change: until then it would take the
         writes of the term before, and refuse this one's."""
-        for _ in range(max(1, round(self._fence_wait_s / FENCE_POLL_S))):
+        # Within half the renew deadline, so that the round ends and the next renews in time.
+        wait_s = min(self._fence_wait_s, self._config().renew_deadline_s / 2)
+        started = self._monotonic()
+        for _ in range(max(1, round(wait_s / FENCE_POLL_S))):
             try:
                 if await self._api.fence_holds(term.namespace, term.stamp()):
                     return self._in_time()
             except (ApiError, OSError, TimeoutError) as error:
                 self._log.warning("leader_fence_not_confirmed", error=repr(error))
                 return False
-            if not self._in_time():
+            if not self._in_time() or self._monotonic() - started >= wait_s:
                 break
             await asyncio.sleep(FENCE_POLL_S)
         self._log.warning(
@@ -309,7 +311,7 @@ class LeaseElector:
             "gpushare-operator of this version's manifests or chart)",
         )
         try:
-            taken = await self._api.fence_holds(term.namespace, term.stamp())
+            taken = await self._api.fence_holds(term.namespace, term.stamp()) and self._in_time()
         except (ApiError, OSError, TimeoutError):
             return False
         if taken:
@@ -318,13 +320,14 @@ class LeaseElector:
 
     async def release(self) -> None:
         """Give the Lease up now (clean shutdown), so a standby need not wait it out."""
-        if not (self.leading or self._holds):
-            return
         if self.leading:
             self.leading = False
             self._stopped()
         config = self._config()
-        lease = await self._read()
+        try:  # held or not as far as it knows: a renewal cut short may have landed
+            lease = await self._read()
+        except _Unreachable:
+            return
         if lease is None or lease.get("spec", {}).get("holderIdentity") != config.identity:
             return
         lease["spec"]["holderIdentity"] = None

@@ -33,6 +33,9 @@ class OneLease:
         self.fence_error: ApiError | None = None
         self.fence_writes = 0
         self.fence_lag = 0
+        self.patch_error: ApiError | None = None
+        self.probe_says: bool | None = None  # what the dry run answers, whatever the fence holds
+        self.per_probe: Callable[[], None] = lambda: None
         self.meanwhile: Callable[[], None] = lambda: None
         """What happens between a replica's renewal and its read of the fence."""
 
@@ -63,13 +66,16 @@ class OneLease:
 
     async def set_fence(self, lease: str, before: list[str], term: str) -> None:
         self.fence_writes += 1
-        if self.fence_error is not None:
-            raise self.fence_error
+        if self.patch_error is not None:
+            raise self.patch_error
         if self.fence is None or (lease, before) != (self.fence[0], [self.fence[1]]):
             raise ApiError(422, "the test operation failed")
         self.fence = (lease, term)
 
     async def fence_holds(self, namespace: str, stamp: TermStamp) -> bool:
+        self.per_probe()
+        if self.probe_says is not None:
+            return self.probe_says
         if self.fence_lag:
             self.fence_lag -= 1
             return False
@@ -238,17 +244,22 @@ async def test_a_new_leader_sets_its_term_on_the_fence_before_it_leads_and_not_a
 
 
 @pytest.mark.parametrize("status", [403, 500])
+@pytest.mark.parametrize("call", ["read", "patch"])
 async def test_a_replica_that_cannot_set_its_term_on_the_fence_does_not_lead_until_it_can(
-    status: int,
+    status: int, call: str
 ) -> None:
     api = OneLease()
-    api.fence_error = ApiError(status, "validatingadmissionpolicybindings is forbidden")
+    error = ApiError(status, "validatingadmissionpolicybindings is forbidden")
+    if call == "read":
+        api.fence_error = error
+    else:
+        api.patch_error = error
     a = replica(api, "a", wall=[1000.0], elapsed=[0.0])
     await a.step()
     await a.step()
     assert not a.leading  # its writes would be refused: the binding holds another term
     assert api.fence == (LEASE_LABEL, "none")
-    api.fence_error = None  # the admin granted the right, or the apiserver recovered
+    api.fence_error = api.patch_error = None  # the right granted, or the apiserver recovered
     await a.step()
     assert a.leading
     assert api.fence == (LEASE_LABEL, "0.uid-1")
@@ -301,6 +312,7 @@ async def test_a_replica_whose_renewal_raced_a_takeover_never_sets_its_term_back
     api.meanwhile = taken_over
     await a.step()
     assert api.fence == (LEASE_LABEL, "1.uid-1")  # a later term: left there
+    assert not a.fresh()  # and no write sent in its own
     assert api.fence_writes == 1  # its first term's, none since
 
 
@@ -313,9 +325,14 @@ async def test_a_leader_whose_term_was_set_back_on_the_fence_sets_it_again() -> 
     assert a.leading
     assert api.fence == (LEASE_LABEL, "0.uid-1")
     api.fence = (LEASE_LABEL, "none")
-    a.on_term_refused()  # the apiserver refused a Binding of the term now
+    api.probe_says = True  # this round's check answered before the apply
+    await a.step()
+    assert api.fence == (LEASE_LABEL, "none")
+    a.on_term_refused()  # then the apiserver refused a Binding of the term now
+    assert not a.fresh()  # no more writes it would refuse
     await a.step()
     assert api.fence == (LEASE_LABEL, "0.uid-1")
+    assert a.fresh()
 
 
 async def test_a_new_leader_leads_once_the_apiserver_holds_its_term_and_not_before() -> None:
@@ -351,3 +368,43 @@ async def test_a_term_the_apiserver_does_not_hold_in_time_is_not_led_in_yet() ->
     await a.step()  # the next round finds its term held
     assert a.leading
     assert api.fence_writes == 1
+
+
+async def test_a_replica_whose_renewal_runs_out_while_the_apiserver_lags_does_not_lead() -> None:
+    api = OneLease()
+    api.fence_lag = 1000  # the apiserver never takes the new term
+    elapsed = [0.0]
+
+    def a_second_passes() -> None:
+        elapsed[0] += 1
+
+    api.per_probe = a_second_passes
+    a = replica(api, "a", wall=[1000.0], elapsed=elapsed)
+    await a.step()
+    assert not a.leading
+    assert elapsed[0] <= 6  # within half the renew deadline (10 s): the next round renews
+
+
+async def test_a_fence_binding_of_another_shape_is_led_under_only_if_it_takes_the_writes() -> None:
+    api = OneLease()
+    api.probe_says = False  # it fences this Lease, in a shape the operator cannot set
+
+    async def reversed_requirements() -> list[dict[str, Any]]:
+        return [
+            {"key": contract.LEASE_TERM_LABEL, "operator": "NotIn", "values": ["none"]},
+            {"key": contract.LEASE_LABEL, "operator": "In", "values": [LEASE_LABEL]},
+        ]
+
+    api.read_fence = reversed_requirements  # type: ignore[method-assign]
+    a = LeaseElector(
+        api,  # type: ignore[arg-type]
+        config=lambda: OperatorConfig(identity="a", lease_duration_s=15, renew_deadline_s=10),
+        on_started_leading=lambda: None,
+        on_stopped_leading=lambda: None,
+        fence_wait_s=0,
+    )
+    await a.step()
+    assert not a.leading
+    api.probe_says = True  # the admin mended it, or removed it
+    await a.step()
+    assert a.leading
