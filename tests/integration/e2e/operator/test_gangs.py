@@ -102,42 +102,55 @@ async def test_two_gangs_that_each_fit_alone_one_runs_the_other_waits_then_runs(
     for index in range(4):  # interleaved: one by one, neither gang can deadlock the other
         await create_pod(core, member(f"a{index}", "a", 9000))
         await create_pod(core, member(f"b{index}", "b", 9000))
+
+    # Both gangs are complete once their fourth pods exist; either may go first.
+    async def first_gang() -> str | None:
+        for gang in ("a", "b"):
+            if all([await node_of(core, f"{gang}{index}") for index in range(4)]):
+                return gang
+        return None
+
+    first = await eventually(first_gang, what="one gang bound whole")
+    second = "b" if first == "a" else "a"
+    message = await unschedulable(core, f"{second}3")
+    assert (
+        f"gang PodGroup default/{second}: only 0 of minMember 4 pods can be placed together"
+        in message
+    )
     for index in range(4):
-        await bound(core, f"a{index}")
-    message = await unschedulable(core, "b3")
-    assert "gang PodGroup default/b: only 0 of minMember 4 pods can be placed together" in message
-    for index in range(4):
-        assert await node_of(core, f"b{index}") is None
+        assert await node_of(core, f"{second}{index}") is None
 
     async def waiting_condition() -> dict[str, Any] | None:
-        status = (await read_group(groups, "b")).get("status", {})
+        status = (await read_group(groups, second)).get("status", {})
         conditions = {c["type"]: c for c in status.get("conditions", [])}
         found = conditions.get("Unschedulable", {})
         return found if "only 0 of minMember 4" in found.get("message", "") else None
 
-    condition = await eventually(waiting_condition, what="PodGroup b's Unschedulable condition")
+    condition = await eventually(
+        waiting_condition, what=f"PodGroup {second}'s Unschedulable condition"
+    )
     assert condition["status"] == "True"
     assert condition["reason"] == "NotEnoughResources"
-    assert (await read_group(groups, "b"))["status"]["phase"] == "Inqueue"
+    assert (await read_group(groups, second))["status"]["phase"] == "Inqueue"
     # `gpushare explain` on a member explains its gang.
-    explained = explain(plane, "b0")
+    explained = explain(plane, f"{second}0")
     assert explained.returncode == 0, explained.stderr
     assert (
-        "group: PodGroup default/b (scheduling.volcano.sh): minMember 4; its pods now: "
+        f"group: PodGroup default/{second} (scheduling.volcano.sh): minMember 4; its pods now: "
         "0 bound (0 running), 4 pending"
     ) in explained.stdout
-    assert "gang PodGroup default/b: only 0 of minMember 4 pods" in explained.stdout
+    assert f"gang PodGroup default/{second}: only 0 of minMember 4 pods" in explained.stdout
 
     for index in range(4):  # the first job ends: the second runs, all of it
-        await core.delete_namespaced_pod(f"a{index}", "default", grace_period_seconds=0)
+        await core.delete_namespaced_pod(f"{first}{index}", "default", grace_period_seconds=0)
     for index in range(4):
-        await bound(core, f"b{index}")
+        await bound(core, f"{second}{index}")
 
     async def scheduled() -> bool:
-        status = (await read_group(groups, "b")).get("status", {})
+        status = (await read_group(groups, second)).get("status", {})
         return [c["type"] for c in status.get("conditions", [])] == ["Scheduled"]
 
-    await eventually(scheduled, what="PodGroup b's Scheduled condition")
+    await eventually(scheduled, what=f"PodGroup {second}'s Scheduled condition")
 
 
 async def test_a_coscheduling_gang_of_minmember_3_binds_3_of_5_and_the_rest_wait_alone(
