@@ -84,12 +84,18 @@ class OneLease:
         return stamp.labels[contract.LEASE_TERM_LABEL] == self.fence[1]
 
 
-def replica(api: OneLease, identity: str, wall: list[float], elapsed: list[float]) -> LeaseElector:
+def replica(
+    api: OneLease,
+    identity: str,
+    wall: list[float],
+    elapsed: list[float],
+    on_started: Callable[[], None] = lambda: None,
+) -> LeaseElector:
     config = OperatorConfig(identity=identity, lease_duration_s=15, renew_deadline_s=10)
     return LeaseElector(
-        api,  # type: ignore[arg-type]  # the two Lease calls are all it makes
+        api,  # type: ignore[arg-type]  # the Lease's and the fence's calls are all it makes
         config=lambda: config,
-        on_started_leading=lambda: None,
+        on_started_leading=on_started,
         on_stopped_leading=lambda: None,
         clock=lambda: wall[0],
         monotonic=lambda: elapsed[0],
@@ -228,15 +234,7 @@ async def test_a_new_leader_sets_its_term_on_the_fence_before_it_leads_and_not_a
 ):
     api = OneLease()
     fence_when_started: list[tuple[str, str] | None] = []
-    config = OperatorConfig(identity="a", lease_duration_s=15, renew_deadline_s=10)
-    a = LeaseElector(
-        api,  # type: ignore[arg-type]
-        config=lambda: config,
-        on_started_leading=lambda: fence_when_started.append(api.fence),
-        on_stopped_leading=lambda: None,
-        clock=lambda: 1000.0,
-        monotonic=lambda: 0.0,
-    )
+    a = replica(api, "a", [1000.0], [0.0], on_started=lambda: fence_when_started.append(api.fence))
     for _ in range(3):
         await a.step()
     assert fence_when_started == [(LEASE_LABEL, "0.uid-1")]
@@ -339,14 +337,8 @@ async def test_a_new_leader_leads_once_the_apiserver_holds_its_term_and_not_befo
     api = OneLease()
     api.fence_lag = 3  # the apiserver rebuilds its policies a moment after the change
     lag_when_started: list[int] = []
-    config = OperatorConfig(identity="a", lease_duration_s=15, renew_deadline_s=10)
-    a = LeaseElector(
-        api,  # type: ignore[arg-type]
-        config=lambda: config,
-        on_started_leading=lambda: lag_when_started.append(api.fence_lag),
-        on_stopped_leading=lambda: None,
-        clock=lambda: 1000.0,
-        monotonic=lambda: 0.0,
+    a = replica(
+        api, "a", [1000.0], [0.0], on_started=lambda: lag_when_started.append(api.fence_lag)
     )
     await a.step()
     assert lag_when_started == [0]
