@@ -36,6 +36,9 @@ FENCE_WAIT_S = 5.0
 """How long a new term waits at most for the apiserver to hold it (its renewal also bounds it)."""
 FENCE_POLL_S = 0.1
 """How often it asks meanwhile."""
+NO_TERM = "probe"
+"""A term label no holder has (a term's is `<transitions>.<uid>`): what the fence refuses once in
+force."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,12 @@ class LeaseTerm:
         return TermStamp(
             annotations={contract.LEADER_TERM: str(self)},
             labels={contract.LEASE_LABEL: self.lease_label, contract.LEASE_TERM_LABEL: self.label},
+        )
+
+    def stamp_of_no_term(self) -> TermStamp:
+        """A write of this Lease in a term no holder has: the fence in force refuses it."""
+        return TermStamp(
+            labels={contract.LEASE_LABEL: self.lease_label, contract.LEASE_TERM_LABEL: NO_TERM}
         )
 
 
@@ -146,7 +155,9 @@ class LeaseElector:
         term."""
         self._fenced_in: LeaseTerm | None = None
         """The term this replica last set on the fence's binding (or found it could not be:
-        no binding of its Lease)."""
+        no binding of its Lease, or no right to it)."""
+        self._binding_holds = False
+        """Whether the binding holds `_fenced_in` (not so in the cases above)."""
         self._renewed_at = 0.0
         self._observed: tuple[object, ...] | None = None
         """The Lease's holder record as last read, and (`_observed_at`) when, by
@@ -216,7 +227,7 @@ class LeaseElector:
         assert term is not None
         if self._fenced_in == term:
             try:
-                if await self._api.fence_holds(term.namespace, term.stamp()):
+                if await self._apiserver_holds(term, by_binding=self._binding_holds):
                     return True
             except (ApiError, OSError, TimeoutError) as error:
                 self._log.warning("leader_fence_not_confirmed", error=repr(error))
@@ -240,7 +251,7 @@ class LeaseElector:
             # No binding of this Lease in the manifests' shape: if the apiserver takes this
             # term's writes, nothing refuses those of a term that is over either. Lead all the
             # same, as without the policy; else wait for an admin to mend the binding.
-            if not await self._held_in_time(term):
+            if not await self._held_in_time(term, by_binding=False):
                 return False
             self._log.warning(
                 "leader_writes_unfenced",
@@ -248,16 +259,16 @@ class LeaseElector:
                 f"{contract.FENCE_BINDING}, whose requirements select {contract.LEASE_LABEL} "
                 f"in ({term.lease_label}) and {contract.LEASE_TERM_LABEL} not in (a term)",
             )
-            self._fenced_in = term
+            self._fenced_in, self._binding_holds = term, False
             return True
         if _later(before, term):
             self._log.warning("leader_fence_later", held=before, term=term.label)
             return False
         ready = (
             before == [term.label] or await self._patch_fence(term, before)
-        ) and await self._held_in_time(term)
+        ) and await self._held_in_time(term, by_binding=True)
         if ready:
-            self._fenced_in = term
+            self._fenced_in, self._binding_holds = term, True
         return ready
 
     async def _patch_fence(self, term: LeaseTerm, before: list[str]) -> bool:
@@ -277,16 +288,27 @@ class LeaseElector:
             return False
         return True
 
-    async def _held_in_time(self, term: LeaseTerm) -> bool:
-        """Whether the apiserver takes a write of `term` before this round's renewal runs
-        out. It rebuilds its policies a second after a change: until then it would take the
-        writes of the term before, and refuse this one's."""
+    async def _apiserver_holds(self, term: LeaseTerm, *, by_binding: bool) -> bool:
+        """Whether the apiserver takes a write of `term`, and (`by_binding`: the binding holds
+        `term`) refuses one of no term: the binding is in force there. Not yet so for a moment
+        after the binding is made (a fresh install): the apiserver takes every write then, and
+        once it loads the binding, refuses this term's until it loads the term set on it."""
+        if not await self._api.fence_holds(term.namespace, term.stamp()):
+            return False
+        return not by_binding or not await self._api.fence_holds(
+            term.namespace, term.stamp_of_no_term()
+        )
+
+    async def _held_in_time(self, term: LeaseTerm, *, by_binding: bool) -> bool:
+        """Whether the apiserver holds `term` (`_apiserver_holds`) before this round's renewal
+        runs out. It rebuilds its policies a second after a change: until then it would take
+        the writes of the term before, and refuse this one's."""
         # Within half the renew deadline, so that the round ends and the next renews in time.
         wait_s = min(self._fence_wait_s, self._config().renew_deadline_s / 2)
         started = self._monotonic()
         for _ in range(max(1, round(wait_s / FENCE_POLL_S))):
             try:
-                if await self._api.fence_holds(term.namespace, term.stamp()):
+                if await self._apiserver_holds(term, by_binding=by_binding):
                     return self._in_time()
             except (ApiError, OSError, TimeoutError) as error:
                 self._log.warning("leader_fence_not_confirmed", error=repr(error))
@@ -296,7 +318,8 @@ class LeaseElector:
             await asyncio.sleep(FENCE_POLL_S)
         self._log.warning(
             "leader_fence_not_confirmed",
-            error=f"the apiserver did not take a write of term {term.label} in time",
+            error=f"the apiserver did not hold term {term.label} in time (take its writes, "
+            "and refuse those of another term)",
         )
         return False
 
@@ -315,7 +338,7 @@ class LeaseElector:
         except (ApiError, OSError, TimeoutError):
             return False
         if taken:
-            self._fenced_in = term  # then asked each round as any other
+            self._fenced_in, self._binding_holds = term, False  # then asked each round
         return taken
 
     async def release(self) -> None:

@@ -119,9 +119,9 @@ class SchedulerApi(Protocol):
         ...
 
     async def fence_holds(self, namespace: str, stamp: TermStamp) -> bool:
-        """Whether the apiserver takes a write stamped `stamp` now: the term set on the
-        fence's binding is in force there (it rebuilds its policies a second after a change).
-        Asked with a dry run of a Binding of a pod that does not exist in `namespace`."""
+        """Whether the apiserver takes a write stamped `stamp` now, or refuses it as sent in a
+        term that is over (it rebuilds its policies a second after a change). Asked with a dry
+        run of a Binding of a pod that does not exist in `namespace`."""
         ...
 
 

@@ -11,7 +11,7 @@ import pytest
 from gpushare.kube import ApiError
 from gpushare.model import contract
 from gpushare_operator.config import OperatorConfig
-from gpushare_operator.election import LeaseElector, WriteFence
+from gpushare_operator.election import NO_TERM, LeaseElector, WriteFence
 from gpushare_operator.kubeapi import TermStamp
 
 pytestmark = pytest.mark.asyncio
@@ -24,7 +24,7 @@ class OneLease:
     """The Lease as the apiserver keeps it (a read, a create, a replace), and the fence's
     binding: the term it holds, the error that reading or setting it meets, and how many more
     times the apiserver answers from the term before (it rebuilds its policies a moment
-    after a change)."""
+    after a change), or as if there were no binding (not yet loaded after a fresh install)."""
 
     def __init__(self) -> None:
         self.lease: dict[str, Any] | None = None
@@ -33,8 +33,11 @@ class OneLease:
         self.fence_error: ApiError | None = None
         self.fence_writes = 0
         self.fence_lag = 0
+        self.fence_unloaded = 0
         self.patch_error: ApiError | None = None
-        self.probe_says: bool | None = None  # what the dry run answers, whatever the fence holds
+        self.probe_says: bool | None = None
+        """Whether the apiserver takes the writes of a term, whatever the binding holds (a
+        write of no term it refuses all the same)."""
         self.per_probe: Callable[[], None] = lambda: None
         self.meanwhile: Callable[[], None] = lambda: None
         """What happens between a replica's renewal and its read of the fence."""
@@ -74,14 +77,18 @@ class OneLease:
 
     async def fence_holds(self, namespace: str, stamp: TermStamp) -> bool:
         self.per_probe()
+        term = stamp.labels[contract.LEASE_TERM_LABEL]
         if self.probe_says is not None:
-            return self.probe_says
+            return self.probe_says and term != NO_TERM
         if self.fence_lag:
             self.fence_lag -= 1
             return False
+        if self.fence_unloaded:
+            self.fence_unloaded -= 1
+            return True
         if self.fence is None or self.fence[0] != stamp.labels[contract.LEASE_LABEL]:
             return True  # nothing fences the Lease's writes
-        return stamp.labels[contract.LEASE_TERM_LABEL] == self.fence[1]
+        return term == self.fence[1]
 
 
 def replica(
@@ -342,6 +349,32 @@ async def test_a_new_leader_leads_once_the_apiserver_holds_its_term_and_not_befo
     )
     await a.step()
     assert lag_when_started == [0]
+
+
+async def test_on_a_fresh_install_the_leader_leads_once_the_apiserver_loads_the_fence() -> None:
+    api = OneLease()
+    api.fence_unloaded = 3  # the apiserver takes every write until it loads the new binding
+    unloaded_when_started: list[int] = []
+    a = replica(
+        api,
+        "a",
+        [1000.0],
+        [0.0],
+        on_started=lambda: unloaded_when_started.append(api.fence_unloaded),
+    )
+    await a.step()
+    assert unloaded_when_started == [0]
+    assert a.fresh()
+
+
+async def test_a_leader_whose_fence_the_apiserver_no_longer_enforces_stops_writing() -> None:
+    api = OneLease()
+    a = replica(api, "a", [1000.0], [0.0])
+    await a.step()
+    assert a.fresh()
+    api.fence_unloaded = 1000  # the binding's term is right, but the apiserver holds none
+    await a.step()
+    assert not a.fresh()
 
 
 async def test_a_term_the_apiserver_does_not_hold_in_time_is_not_led_in_yet() -> None:

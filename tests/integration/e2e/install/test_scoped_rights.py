@@ -273,6 +273,7 @@ async def test_a_binding_or_eviction_sent_in_a_lease_term_that_is_over_is_refuse
                 what="the term now taken",
             )
             assert not await scheduler.fence_holds(OPERATOR[0], over.stamp())
+            assert not await scheduler.fence_holds(OPERATOR[0], now.stamp_of_no_term())
         stale = await refusal(lambda **dry: write("Binding", "late", over, **dry))
         assert f"the binding of pod default/late {contract.TERM_OVER} ({over})" in stale
         await raw_json(write("Binding", "late", now))
