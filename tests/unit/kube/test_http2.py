@@ -55,8 +55,22 @@ class TlsServer:
         self.chosen: list[str | None] = []
         self.requests = 0
         self.port = 0
+        self._handlers: set[asyncio.Task[None]] = set()
 
     async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handler = asyncio.current_task()
+        assert handler is not None
+        self._handlers.add(handler)
+        try:
+            await self._converse(reader, writer)
+        except asyncio.CancelledError:
+            writer.transport.abort()  # the test is over mid-conversation: no socket left to GC
+            raise
+        finally:
+            writer.close()
+            self._handlers.discard(handler)
+
+    async def _converse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.chosen.append(writer.get_extra_info("ssl_object").selected_alpn_protocol())
         if self.answer is not None:
             limit = b"" if self.max_streams is None else (3).to_bytes(2, "big")
@@ -70,12 +84,19 @@ class TlsServer:
                     if header[3] == HEADERS:
                         self.requests += 1
                         writer.write(self.answer(int.from_bytes(header[5:9], "big") & 0x7FFFFFFF))
-        writer.close()
 
-    async def start(self) -> asyncio.Server:
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[None]:
+        """Listen until the block ends, then end the connections still open."""
         server = await asyncio.start_server(self._connected, "127.0.0.1", 0, ssl=self.context)
         self.port = server.sockets[0].getsockname()[1]
-        return server
+        async with server:
+            try:
+                yield
+            finally:
+                for handler in list(self._handlers):
+                    handler.cancel()
+                await asyncio.gather(*self._handlers, return_exceptions=True)
 
 
 def silent(_stream: int) -> bytes:
@@ -104,7 +125,7 @@ def ca(tmp_path: Path) -> certs.Issued:
 @pytest_asyncio.fixture
 async def server(ca: certs.Issued, tmp_path: Path) -> AsyncIterator[TlsServer]:
     tls = TlsServer(certs.issue(ca, "apiserver", valid=VALID, hosts=["kubernetes"]), tmp_path)
-    async with await tls.start():
+    async with tls.serving():
         yield tls
 
 
@@ -112,7 +133,7 @@ async def server(ca: certs.Issued, tmp_path: Path) -> AsyncIterator[TlsServer]:
 async def silent_server(ca: certs.Issued, tmp_path: Path) -> AsyncIterator[TlsServer]:
     issued = certs.issue(ca, "apiserver", valid=VALID, hosts=["127.0.0.1"])
     tls = TlsServer(issued, tmp_path, answer=silent)
-    async with await tls.start():
+    async with tls.serving():
         yield tls
 
 
@@ -181,7 +202,7 @@ async def test_the_systems_roots_are_not_trusted_when_the_kubeconfig_names_a_ca(
     (tmp_path / "public.crt").write_bytes(public.cert)
     monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "public.crt"))
     tls = TlsServer(certs.issue(public, "apiserver", valid=VALID, hosts=["127.0.0.1"]), tmp_path)
-    async with await tls.start():
+    async with tls.serving():
         config = configuration(f"https://127.0.0.1:{tls.port}", tmp_path / "ca.crt")
         async with Http2Writer(config, timeout_s=5, user_agent="test") as writer:
             with pytest.raises(ConnectionError, match="certificate"):
@@ -204,7 +225,7 @@ async def test_a_request_the_apiserver_cuts_off_is_unreachable_as_every_unanswer
     # would end a bind's task (the pod stranded) or the reporter (the operator).
     issued = certs.issue(ca, "apiserver", valid=VALID, hosts=["127.0.0.1"])
     tls = TlsServer(issued, tmp_path, answer=answer)
-    async with await tls.start():
+    async with tls.serving():
         config = configuration(f"https://127.0.0.1:{tls.port}", tmp_path / "ca.crt")
         async with Http2Writer(config, timeout_s=5, user_agent="test") as writer:
             with pytest.raises(ApiUnreachable):
@@ -220,7 +241,7 @@ async def test_writes_past_the_connections_streams_wait_their_turn_before_their_
     issued = certs.issue(ca, "apiserver", valid=VALID, hosts=["127.0.0.1"])
     tls = TlsServer(issued, tmp_path, answer=silent, max_streams=1)
     checked: list[int] = []
-    async with await tls.start():
+    async with tls.serving():
         config = configuration(f"https://127.0.0.1:{tls.port}", tmp_path / "ca.crt")
         async with Http2Writer(config, timeout_s=1, user_agent="test", streams=1) as writer:
             path = "/api/v1/namespaces/default/pods/p/binding"
