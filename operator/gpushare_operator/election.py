@@ -36,6 +36,9 @@ FENCE_WAIT_S = 5.0
 """How long a new term waits at most for the apiserver to hold it (its renewal also bounds it)."""
 FENCE_POLL_S = 0.1
 """How often it asks meanwhile."""
+FENCE_LOAD_S = 60.0
+"""How long the apiserver may take to enforce a binding just made or changed (it takes about a
+second) before a new leader takes it as not enforced at all."""
 NO_TERM = "probe"
 """A term label no holder has (a term's is `<transitions>.<uid>`): what the fence refuses once in
 force."""
@@ -158,6 +161,9 @@ class LeaseElector:
         no binding of its Lease, or no right to it)."""
         self._binding_holds = False
         """Whether the binding holds `_fenced_in` (not so in the cases above)."""
+        self._unenforced_since: float | None = None
+        """Since when (`monotonic`) the apiserver has taken writes of no term while the binding
+        held this replica's term: it does not enforce the binding (not yet, or not at all)."""
         self._renewed_at = 0.0
         self._observed: tuple[object, ...] | None = None
         """The Lease's holder record as last read, and (`_observed_at`) when, by
@@ -251,25 +257,41 @@ class LeaseElector:
             # No binding of this Lease in the manifests' shape: if the apiserver takes this
             # term's writes, nothing refuses those of a term that is over either. Lead all the
             # same, as without the policy; else wait for an admin to mend the binding.
-            if not await self._held_in_time(term, by_binding=False):
-                return False
-            self._log.warning(
-                "leader_writes_unfenced",
+            return await self._held_in_time(term, by_binding=False) and self._lead_unfenced(
+                term,
                 fix=f"apply this version's manifests or chart: the binding "
                 f"{contract.FENCE_BINDING}, whose requirements select {contract.LEASE_LABEL} "
                 f"in ({term.lease_label}) and {contract.LEASE_TERM_LABEL} not in (a term)",
             )
-            self._fenced_in, self._binding_holds = term, False
-            return True
         if _later(before, term):
             self._log.warning("leader_fence_later", held=before, term=term.label)
             return False
-        ready = (
-            before == [term.label] or await self._patch_fence(term, before)
-        ) and await self._held_in_time(term, by_binding=True)
-        if ready:
+        set_now = before == [term.label] or await self._patch_fence(term, before)
+        return set_now and await self._enforced(term)
+
+    async def _enforced(self, term: LeaseTerm) -> bool:
+        """Whether this replica may lead with `term` set on the binding: the apiserver enforces
+        it, or has not for longer than a binding takes to load (`FENCE_LOAD_S`: its policy
+        deleted, then it leads unfenced rather than schedule nothing)."""
+        if await self._held_in_time(term, by_binding=True):
             self._fenced_in, self._binding_holds = term, True
-        return ready
+            return True
+        since = self._unenforced_since
+        if since is None or self._monotonic() - since < FENCE_LOAD_S:
+            return False
+        return self._lead_unfenced(
+            term,
+            fix=f"apply this version's manifests or chart: the apiserver takes every write of "
+            f"{contract.LEASE_LABEL}={term.lease_label} though the binding "
+            f"{contract.FENCE_BINDING} holds term {term.label}; is its policy of that name "
+            "there?",
+        )
+
+    def _lead_unfenced(self, term: LeaseTerm, *, fix: str) -> bool:
+        """Lead in `term` with nothing refusing the writes of a term that is over, and say so."""
+        self._log.warning("leader_writes_unfenced", term=term.label, fix=fix)
+        self._fenced_in, self._binding_holds = term, False
+        return True
 
     async def _patch_fence(self, term: LeaseTerm, before: list[str]) -> bool:
         """Replace `before` with `term` on the binding; whether it was."""
@@ -294,10 +316,16 @@ class LeaseElector:
         after the binding is made (a fresh install): the apiserver takes every write then, and
         once it loads the binding, refuses this term's until it loads the term set on it."""
         if not await self._api.fence_holds(term.namespace, term.stamp()):
+            self._unenforced_since = None
             return False
-        return not by_binding or not await self._api.fence_holds(
+        if not by_binding or not await self._api.fence_holds(
             term.namespace, term.stamp_of_no_term()
-        )
+        ):
+            self._unenforced_since = None
+            return True
+        if self._unenforced_since is None:
+            self._unenforced_since = self._monotonic()
+        return False
 
     async def _held_in_time(self, term: LeaseTerm, *, by_binding: bool) -> bool:
         """Whether the apiserver holds `term` (`_apiserver_holds`) before this round's renewal

@@ -11,7 +11,7 @@ import pytest
 from gpushare.kube import ApiError
 from gpushare.model import contract
 from gpushare_operator.config import OperatorConfig
-from gpushare_operator.election import NO_TERM, LeaseElector, WriteFence
+from gpushare_operator.election import FENCE_LOAD_S, NO_TERM, LeaseElector, WriteFence
 from gpushare_operator.kubeapi import TermStamp
 
 pytestmark = pytest.mark.asyncio
@@ -375,6 +375,25 @@ async def test_a_leader_whose_fence_the_apiserver_no_longer_enforces_stops_writi
     api.fence_unloaded = 1000  # the binding's term is right, but the apiserver holds none
     await a.step()
     assert not a.fresh()
+
+
+async def test_a_fence_the_apiserver_never_enforces_is_led_under_after_a_minute() -> None:
+    api = OneLease()
+    api.fence_unloaded = 10**6  # the binding holds the term, but its policy was deleted
+    elapsed = [0.0]
+
+    def five_seconds_pass() -> None:
+        elapsed[0] += 5
+
+    api.per_probe = five_seconds_pass
+    a = replica(api, "a", wall=[1000.0], elapsed=elapsed)
+    for _ in range(20):
+        await a.step()
+        if a.leading:
+            break
+    assert a.fresh()  # scheduling goes on, unfenced
+    assert elapsed[0] >= FENCE_LOAD_S  # though not before a binding would have loaded
+    assert api.fence == (LEASE_LABEL, "0.uid-1")
 
 
 async def test_a_term_the_apiserver_does_not_hold_in_time_is_not_led_in_yet() -> None:
