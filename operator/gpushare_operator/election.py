@@ -19,6 +19,7 @@ stand again), and does not say when the API last answered, which the liveness pr
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -37,8 +38,8 @@ FENCE_WAIT_S = 5.0
 FENCE_POLL_S = 0.1
 """How often it asks meanwhile."""
 FENCE_LOAD_S = 60.0
-"""How long the apiserver may take to enforce a binding just made or changed (it takes about a
-second) before a new leader takes it as not enforced at all."""
+"""How long the apiserver may take to enforce a binding that holds a replica's term (about a
+second after a change) before that replica takes it as not enforced at all."""
 NO_TERM = "probe"
 """A term label no holder has (a term's is `<transitions>.<uid>`): what the fence refuses once in
 force."""
@@ -92,6 +93,14 @@ class LeaseTerm:
         return TermStamp(
             labels={contract.LEASE_LABEL: self.lease_label, contract.LEASE_TERM_LABEL: NO_TERM}
         )
+
+
+class _Answer(enum.Enum):
+    """What the apiserver answered the dry runs of a term's write and of one of no term."""
+
+    HOLDS = "takes the term's writes, and refuses one of no term where that was asked"
+    REFUSES = "refuses the term's writes"
+    UNENFORCED = "takes the term's writes and one of no term alike"
 
 
 class WriteFence:
@@ -157,13 +166,15 @@ class LeaseElector:
         """The term of the Lease as this replica last wrote it: a new holder makes a new
         term."""
         self._fenced_in: LeaseTerm | None = None
-        """The term this replica last set on the fence's binding (or found it could not be:
-        no binding of its Lease, or no right to it)."""
+        """The term this replica last set on the fence's binding and saw enforced, or leads
+        in unfenced (no binding of its Lease, no right to it, or a binding not enforced)."""
         self._binding_holds = False
-        """Whether the binding holds `_fenced_in` (not so in the cases above)."""
-        self._unenforced_since: float | None = None
-        """Since when (`monotonic`) the apiserver has taken writes of no term while the binding
-        held this replica's term: it does not enforce the binding (not yet, or not at all)."""
+        """Whether each round also asks that a write of no term is refused: the binding held
+        `_fenced_in` and the apiserver enforced it (not so in the unfenced cases above)."""
+        self._unenforced: tuple[LeaseTerm, float] | None = None
+        """The term, and since when (`monotonic`), whose every answer has been that the
+        apiserver takes writes of no term as well while the binding holds the term: it does not
+        enforce the binding (not yet, or not at all)."""
         self._renewed_at = 0.0
         self._observed: tuple[object, ...] | None = None
         """The Lease's holder record as last read, and (`_observed_at`) when, by
@@ -233,7 +244,8 @@ class LeaseElector:
         assert term is not None
         if self._fenced_in == term:
             try:
-                if await self._apiserver_holds(term, by_binding=self._binding_holds):
+                answer = await self._ask_apiserver(term, by_binding=self._binding_holds)
+                if answer is _Answer.HOLDS:
                     return True
             except (ApiError, OSError, TimeoutError) as error:
                 self._log.warning("leader_fence_not_confirmed", error=repr(error))
@@ -257,7 +269,8 @@ class LeaseElector:
             # No binding of this Lease in the manifests' shape: if the apiserver takes this
             # term's writes, nothing refuses those of a term that is over either. Lead all the
             # same, as without the policy; else wait for an admin to mend the binding.
-            return await self._held_in_time(term, by_binding=False) and self._lead_unfenced(
+            held = await self._held_in_time(term, by_binding=False)
+            return held is _Answer.HOLDS and self._lead_unfenced(
                 term,
                 fix=f"apply this version's manifests or chart: the binding "
                 f"{contract.FENCE_BINDING}, whose requirements select {contract.LEASE_LABEL} "
@@ -273,11 +286,16 @@ class LeaseElector:
         """Whether this replica may lead with `term` set on the binding: the apiserver enforces
         it, or has not for longer than a binding takes to load (`FENCE_LOAD_S`: its policy
         deleted, then it leads unfenced rather than schedule nothing)."""
-        if await self._held_in_time(term, by_binding=True):
+        answer = await self._held_in_time(term, by_binding=True)
+        if answer is _Answer.HOLDS:
             self._fenced_in, self._binding_holds = term, True
             return True
-        since = self._unenforced_since
-        if since is None or self._monotonic() - since < FENCE_LOAD_S:
+        unenforced = self._unenforced  # this term's, as this round's last answer says
+        if (
+            answer is not _Answer.UNENFORCED  # in time, or None
+            or unenforced is None
+            or self._monotonic() - unenforced[1] < FENCE_LOAD_S
+        ):
             return False
         return self._lead_unfenced(
             term,
@@ -310,46 +328,49 @@ class LeaseElector:
             return False
         return True
 
-    async def _apiserver_holds(self, term: LeaseTerm, *, by_binding: bool) -> bool:
+    async def _ask_apiserver(self, term: LeaseTerm, *, by_binding: bool) -> _Answer:
         """Whether the apiserver takes a write of `term`, and (`by_binding`: the binding holds
         `term`) refuses one of no term: the binding is in force there. Not yet so for a moment
         after the binding is made (a fresh install): the apiserver takes every write then, and
-        once it loads the binding, refuses this term's until it loads the term set on it."""
+        once it loads the binding, refuses this term's until it loads the term set on it.
+        Raises as `SchedulerApi.fence_holds`; `_unenforced` is kept only by an answer."""
+        unenforced, self._unenforced = self._unenforced, None
         if not await self._api.fence_holds(term.namespace, term.stamp()):
-            self._unenforced_since = None
-            return False
+            return _Answer.REFUSES
         if not by_binding or not await self._api.fence_holds(
             term.namespace, term.stamp_of_no_term()
         ):
-            self._unenforced_since = None
-            return True
-        if self._unenforced_since is None:
-            self._unenforced_since = self._monotonic()
-        return False
+            return _Answer.HOLDS
+        same_term = unenforced is not None and unenforced[0] == term
+        self._unenforced = unenforced if same_term else (term, self._monotonic())
+        return _Answer.UNENFORCED
 
-    async def _held_in_time(self, term: LeaseTerm, *, by_binding: bool) -> bool:
-        """Whether the apiserver holds `term` (`_apiserver_holds`) before this round's renewal
-        runs out. It rebuilds its policies a second after a change: until then it would take
-        the writes of the term before, and refuse this one's."""
+    async def _held_in_time(self, term: LeaseTerm, *, by_binding: bool) -> _Answer | None:
+        """HOLDS if the apiserver holds `term` (`_ask_apiserver`) before this round's renewal
+        runs out; else its last answer (None: no answer, or too late). It rebuilds its
+        policies a second after a change: until then it would take the writes of the term
+        before, and refuse this one's."""
         # Within half the renew deadline, so that the round ends and the next renews in time.
         wait_s = min(self._fence_wait_s, self._config().renew_deadline_s / 2)
         started = self._monotonic()
+        answer: _Answer | None = None
         for _ in range(max(1, round(wait_s / FENCE_POLL_S))):
             try:
-                if await self._apiserver_holds(term, by_binding=by_binding):
-                    return self._in_time()
+                answer = await self._ask_apiserver(term, by_binding=by_binding)
             except (ApiError, OSError, TimeoutError) as error:
                 self._log.warning("leader_fence_not_confirmed", error=repr(error))
-                return False
+                return None
+            if answer is _Answer.HOLDS:
+                return answer if self._in_time() else None
             if not self._in_time() or self._monotonic() - started >= wait_s:
                 break
             await asyncio.sleep(FENCE_POLL_S)
         self._log.warning(
             "leader_fence_not_confirmed",
-            error=f"the apiserver did not hold term {term.label} in time (take its writes, "
-            "and refuse those of another term)",
+            error=f"the apiserver did not hold term {term.label} in time: it "
+            + (answer.value if answer is not None else "did not answer"),
         )
-        return False
+        return answer if self._in_time() else None
 
     async def _lead_unset(self, term: LeaseTerm, error: ApiError) -> bool:
         """No right to read or set the fence's binding (an operator upgraded before its

@@ -369,10 +369,16 @@ async def test_on_a_fresh_install_the_leader_leads_once_the_apiserver_loads_the_
 
 async def test_a_leader_whose_fence_the_apiserver_no_longer_enforces_stops_writing() -> None:
     api = OneLease()
-    a = replica(api, "a", [1000.0], [0.0])
+    elapsed = [0.0]
+    a = replica(api, "a", [1000.0], elapsed)
     await a.step()
     assert a.fresh()
     api.fence_unloaded = 1000  # the binding's term is right, but the apiserver holds none
+
+    def a_second_passes() -> None:
+        elapsed[0] += 1
+
+    api.per_probe = a_second_passes
     await a.step()
     assert not a.fresh()
 
@@ -394,6 +400,45 @@ async def test_a_fence_the_apiserver_never_enforces_is_led_under_after_a_minute(
     assert a.fresh()  # scheduling goes on, unfenced
     assert elapsed[0] >= FENCE_LOAD_S  # though not before a binding would have loaded
     assert api.fence == (LEASE_LABEL, "0.uid-1")
+
+
+async def test_a_fence_seen_unenforced_in_an_earlier_term_lets_no_later_term_lead_unfenced() -> (
+    None
+):
+    api = OneLease()
+    a_elapsed = [0.0]
+    config = OperatorConfig(identity="a", lease_duration_s=15, renew_deadline_s=10)
+    a = LeaseElector(
+        api,  # type: ignore[arg-type]
+        config=lambda: config,
+        on_started_leading=lambda: None,
+        on_stopped_leading=lambda: None,
+        clock=lambda: 1000.0,
+        monotonic=lambda: a_elapsed[0],
+        fence_wait_s=0,
+    )
+    await a.step()
+    api.fence_unloaded = 4  # for a round, the apiserver enforces nothing (its policy reloaded)
+    await a.step()
+    assert not a.fresh()
+    b_elapsed = [0.0]
+    b = replica(api, "b", wall=[1000.0], elapsed=b_elapsed)
+    await b.step()
+    b_elapsed[0] += 16  # "b" takes the Lease, sets its term, then gives the Lease up
+    await b.step()
+    await b.release()
+    a_elapsed[0] += 3600  # an hour later "a" takes it again; its first probe gets no answer
+
+    def unanswered() -> None:
+        api.per_probe = lambda: None
+        raise ApiError(500, "etcdserver: request timed out")
+
+    api.per_probe = unanswered
+    await a.step()
+    assert not a.fresh()  # what it saw an hour ago in another term is no answer now
+    await a.step()
+    assert a.fresh()
+    assert api.fence == (LEASE_LABEL, "2.uid-1")
 
 
 async def test_a_term_the_apiserver_does_not_hold_in_time_is_not_led_in_yet() -> None:
