@@ -360,16 +360,19 @@ class LeaseElector:
             except (ApiError, OSError, TimeoutError) as error:
                 self._log.warning("leader_fence_not_confirmed", error=repr(error))
                 return None
-            if answer is _Answer.HOLDS:
-                return answer if self._in_time() else None
-            if not self._in_time() or self._monotonic() - started >= wait_s:
+            if (
+                answer is _Answer.HOLDS
+                or not self._in_time()
+                or self._monotonic() - started >= wait_s
+            ):
                 break
             await asyncio.sleep(FENCE_POLL_S)
-        self._log.warning(
-            "leader_fence_not_confirmed",
-            error=f"the apiserver did not hold term {term.label} in time: it "
-            + (answer.value if answer is not None else "did not answer"),
-        )
+        if answer is not _Answer.HOLDS:
+            self._log.warning(
+                "leader_fence_not_confirmed",
+                error=f"the apiserver did not hold term {term.label} in time: it "
+                + (answer.value if answer is not None else "did not answer"),
+            )
         return answer if self._in_time() else None
 
     async def _lead_unset(self, term: LeaseTerm, error: ApiError) -> bool:
