@@ -2,7 +2,7 @@
 A benchmark, not a test: it prints a table and writes JSON; nothing asserts on time.
 
     python bench/operator.py [--nodes 200] [--cards 8] [--pods 2000] [--single 50] [--rounds 5]
-                             [--server-cpus 0] [--same-pods]
+                             [--server-cpus 0] [--same-pods] [--leader-elect]
     python bench/operator.py --gang-size 8 [--gang-mib 8192] [--nodes 200] [--pods 1600]
 
 The pods are the smallest there are (`--pod-shape minimal`, under 1 KiB in etcd), or as a Job
@@ -17,10 +17,11 @@ not compacted during the run, so that no phase pays for a compaction):
 - kube-scheduler (v1.36.3, built from the pinned module, its own profile name), once with its
   client limit raised to 5,000 requests/s so that the apiserver is the limit, once at its
   default (50/s); it places the pods by the nodes' `volcano.sh/gpu-memory` totals only;
-- the operator (`python -m gpushare_operator`), without leader election unless
-  `--operator-env GPUSHARE_LEADER_ELECT=true` (as shipped: its Bindings then carry the Lease's
-  term and its labels, which the leader fence's binding compares with the term the leader set
-  on it).
+- the operator (`python -m gpushare_operator`) with its shipped Lease and status timings.
+Neither elects a leader unless `--leader-elect`: then both do, as clusters run them,
+kube-scheduler with its defaults (its Lease `kube-system/kube-scheduler`, renewed every 2 s)
+and the operator as shipped (the same timings; its Bindings then carry the Lease's term and
+its labels, which the leader fence's binding compares with the term the leader set on it).
 Each scheduler runs on its own identity, as clusters run them: kube-scheduler on a client
 certificate for `system:kube-scheduler` (kubeadm's scheduler.conf), the operator on its
 ServiceAccount's token with the shipped roles, policies and FlowSchema applied; so the
@@ -105,6 +106,7 @@ from gpushare_harness.identities import install_roles, operator_kubeconfig
 from gpushare_harness.operator import OperatorProcess
 from gpushare_harness.serverstats import counters, cpu_seconds, rss_mib
 from gpushare_harness.standin import act_as_device_plugins
+from gpushare_operator.config import OPTIONS, OperatorConfig
 from gpushare_operator.kubeapi import KubeSchedulerApi
 
 CARD_MIB = 11178
@@ -531,7 +533,7 @@ async def measure_gangs(
     for label, gang_size in (("single", 0), ("gangs", args.gang_size)):
         await core.create_namespace(cast(client.V1Namespace, {"metadata": {"name": label}}))
         names = [f"{label}-{i}" for i in range(args.pods)]
-        operator = Operator(workdir, kubeconfig, args.operator_env)
+        operator = Operator(workdir, kubeconfig, args.operator_env, leader_elect=False)
         await create_pods(
             core,
             label,
@@ -608,10 +610,16 @@ async def measure_raw(
 
 class KubeScheduler:
     """kube-scheduler with a profile of its own, its client limit raised to `qps` (None: its
-    default), no leader election."""
+    default); `leader_elect`: with its Lease as its defaults have it."""
 
     def __init__(
-        self, workdir: Path, kubeconfig: Path, qps: int | None, env: Mapping[str, str]
+        self,
+        workdir: Path,
+        kubeconfig: Path,
+        qps: int | None,
+        env: Mapping[str, str],
+        *,
+        leader_elect: bool,
     ) -> None:
         self.label = self.name = "kube-scheduler-raised" if qps else "kube-scheduler-default"
         self._env = {**os.environ, **env}
@@ -626,7 +634,7 @@ class KubeScheduler:
                     "apiVersion": "kubescheduler.config.k8s.io/v1",
                     "kind": "KubeSchedulerConfiguration",
                     "clientConnection": connection,
-                    "leaderElection": {"leaderElect": False},
+                    "leaderElection": {"leaderElect": leader_elect},
                     "profiles": [{"schedulerName": self.name}],
                 }
             )
@@ -654,17 +662,27 @@ class KubeScheduler:
             self._process.wait(timeout=30)
 
 
+TIMINGS = {"lease_duration_s", "renew_deadline_s", "retry_period_s", "status_interval_s"}
+SHIPPED_TIMINGS = {
+    option.env: str(getattr(OperatorConfig(identity="bench"), option.field))
+    for option in OPTIONS
+    if option.field in TIMINGS
+}
+"""The operator's Lease and status timings as shipped (the harness's are a test's, for a quick
+takeover: a round four times as often, and binds held back after 3 s without a renewal)."""
+
+
 class Operator:
     label = "operator"
     name = "volcano"
 
     def __init__(
-        self, workdir: Path, kubeconfig: Path, env: Mapping[str, str] | None = None
+        self, workdir: Path, kubeconfig: Path, env: Mapping[str, str], *, leader_elect: bool
     ) -> None:
         self._process = OperatorProcess(
             kubeconfig,
             workdir / "operator.log",
-            env={"GPUSHARE_LEADER_ELECT": "false", **(env or {})},
+            env={"GPUSHARE_LEADER_ELECT": str(leader_elect).lower(), **SHIPPED_TIMINGS, **env},
         )
 
     def start(self) -> int:
@@ -777,9 +795,15 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 *(["--same-pods"] if args.same_pods else []),
             )
             raised = KubeScheduler(
-                workdir, as_kube_scheduler, KUBE_SCHEDULER_RAISED_QPS, args.kube_scheduler_env
+                workdir,
+                as_kube_scheduler,
+                KUBE_SCHEDULER_RAISED_QPS,
+                args.kube_scheduler_env,
+                leader_elect=args.leader_elect,
             )
-            operator = Operator(workdir, as_operator, args.operator_env)
+            operator = Operator(
+                workdir, as_operator, args.operator_env, leader_elect=args.leader_elect
+            )
             rounds: list[dict[str, dict[str, Any]]] = []
             profiles = (
                 functools.partial(ServerProfiles, api, servers.etcd, args.profile)
@@ -799,7 +823,13 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     )
                     print(f"round {number}, {scheduler.label}: {measured[scheduler.label]}")
                 rounds.append(measured)
-            default = KubeScheduler(workdir, as_kube_scheduler, None, args.kube_scheduler_env)
+            default = KubeScheduler(
+                workdir,
+                as_kube_scheduler,
+                None,
+                args.kube_scheduler_env,
+                leader_elect=args.leader_elect,
+            )
             results[default.label] = await measure(
                 api, binds, default, args, default.label, servers=servers
             )
@@ -905,6 +935,12 @@ def main() -> int:
         "--server-cpus",
         type=cpu_list,
         help="run the apiserver and etcd on these CPUs (e.g. 0), everything else on the others",
+    )
+    parser.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="both schedulers elect a leader by their Lease, as clusters run them (the operator's "
+        "Bindings then carry its term, which the leader fence checks)",
     )
     parser.add_argument(
         "--same-pods",

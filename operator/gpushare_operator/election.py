@@ -158,6 +158,8 @@ class LeaseElector:
         self._monotonic = monotonic
         self._fence_wait_s = fence_wait_s
         self.leading = False
+        self.decided = asyncio.Event()
+        """Set once the first round has ended: whether this replica leads is known."""
         self.last_contact: float | None = None
         """When the API last answered a Lease call (for the liveness probe)."""
         self._led_in: LeaseTerm | None = None
@@ -190,6 +192,7 @@ class LeaseElector:
     async def run(self) -> None:
         while True:
             await self.step()
+            self.decided.set()
             await asyncio.sleep(self._config().retry_period_s)
 
     def fresh(self) -> bool:

@@ -189,6 +189,10 @@ class Runtime:
             *groups,
             self._pods,
         )
+        self._led: tuple[Reflector[Any], ...] = (*groups, self._pods)
+        """What a leader decides by and writes (Bindings, evictions and conditions on pods;
+        PodGroups' status): a LIST of it that began before a leadership may lack the last
+        writes of the leader before. The other kinds no leader writes."""
         self.synced = asyncio.Event()
         self.started_at = time.monotonic()
         self._leader_tasks: list[asyncio.Task[None]] = []
@@ -272,11 +276,11 @@ class Runtime:
     async def _lead(self, since: float) -> None:
         """The leader's work, once the cache is current. A standby's watches may lag behind
         what the previous leader bound (an apiserver restart breaks them for a while), and a
-        decision on a stale cache can overcommit a card: so a new leader lists everything
-        again first, unless the cache was listed after the leadership began."""
+        decision on a stale cache can overcommit a card: so a new leader lists what a leader
+        writes again first, unless that was listed after the leadership began."""
         await self.synced.wait()
-        if self.config.leader_elect and self.listed_at < since:
-            await self.resync()
+        if self.config.leader_elect:
+            await self._list_led_again(since)
         async with asyncio.TaskGroup() as work:
             work.create_task(self.scheduler.run(), name="scheduler")
             work.create_task(self.status.run(), name="status")
@@ -287,8 +291,12 @@ class Runtime:
 
     async def initial_sync(self) -> None:
         """Start the reflectors one kind after another (nodes first, so that pods land on
-        known nodes; one large list at a time), then open the leader's work."""
+        known nodes; one large list at a time), then open the leader's work. What a leader
+        writes is listed once the elector's first round has decided: a replica that leads
+        from the start then lists it once, not twice."""
         for reflector in self.reflectors:
+            if self.config.leader_elect and reflector in self._led:
+                await self.elector.decided.wait()
             reflector.start()
             await reflector.synced.wait()
         release_memory()
@@ -300,16 +308,16 @@ class Runtime:
             pending=len(self.cache.pending_uids()),
         )
 
-    @property
-    def listed_at(self) -> float:
-        """When the cache last took a full LIST of every kind (monotonic)."""
-        return min(reflector.listed_at for reflector in self.reflectors)
-
-    async def resync(self) -> None:
-        """LIST every kind again now, one after another, and return once the cache holds it."""
-        for reflector in self.reflectors:
+    async def _list_led_again(self, since: float) -> None:
+        """LIST again, one kind after another, what a leader writes and was last listed
+        before `since` (monotonic); return once the cache holds it."""
+        stale = [reflector for reflector in self._led if reflector.listed_from < since]
+        for reflector in stale:
             await reflector.relist()
-        self._log.info("resynced", nodes=len(self.cache.node_names()), pods=self._pods.count)
+        if stale:
+            self._log.info(
+                "resynced", kinds=[reflector.resource for reflector in stale], pods=self._pods.count
+            )
 
     # -- live configuration --------------------------------------------------------------
 

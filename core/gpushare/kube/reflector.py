@@ -181,8 +181,9 @@ class Reflector(Generic[T]):
         self._idle_s = idle_s
         self.synced = asyncio.Event()
         """Set once the first LIST has been handed over."""
-        self.listed_at = 0.0
-        """When the last LIST was handed over (monotonic)."""
+        self.listed_from = 0.0
+        """When the last LIST began (monotonic): it holds every write the apiserver had taken
+        by then (a LIST without a resourceVersion is a consistent read)."""
         self.count = 0
         """How many objects the last LIST held."""
         self._fresh = asyncio.Event()
@@ -228,9 +229,10 @@ class Reflector(Generic[T]):
         delays = WATCH.delays()
         version = ""  # none yet: LIST first
         while True:
+            began = time.monotonic()
             try:
                 if not version:
-                    version = await self._list()
+                    version = await self._list(began)
                     delays = WATCH.delays()
                 opened, events = time.monotonic(), 0
                 async for event_type, body in watch(self._call, version, idle_s=self._idle_s):
@@ -248,7 +250,7 @@ class Reflector(Generic[T]):
             except ApiError as error:
                 if error.status == 404 and self._optional:
                     self._log.info("not_served", error=error.message, retry_in_s=NOT_SERVED_S)
-                    self._handed_over(set(), "")
+                    self._handed_over(set(), "", began)
                     version = ""
                     await asyncio.sleep(NOT_SERVED_S)
                     continue
@@ -261,7 +263,7 @@ class Reflector(Generic[T]):
                 version = ""
                 await self._back_off(error, delays, unforeseen=True)
 
-    async def _list(self) -> str:
+    async def _list(self, began: float) -> str:
         """Hand over every listed object as its page arrives (never the whole list at once:
         each page's memory is free again before the next, so a large cluster does not
         leave the heap fragmented), then the keys; returns the version to watch from."""
@@ -273,7 +275,7 @@ class Reflector(Generic[T]):
                 keys.add(self._key(item))
                 self._deliver(LISTED, item)
             del items
-        self._handed_over(keys, version)
+        self._handed_over(keys, version, began)
         return version
 
     def _deliver(self, event_type: str, body: Item) -> None:
@@ -284,13 +286,13 @@ class Reflector(Generic[T]):
         except Exception:
             self._log.exception("apply_failed", type=event_type, object=self._key(body))
 
-    def _handed_over(self, keys: set[str], version: str) -> None:
+    def _handed_over(self, keys: set[str], version: str, began: float) -> None:
         try:
             self._on_listed(keys, version)
         except Exception:
             self._log.exception("listed_failed", objects=len(keys))
         self.count = len(keys)
-        self.listed_at = time.monotonic()
+        self.listed_from = began
         self._fresh.set()
         self.synced.set()
 

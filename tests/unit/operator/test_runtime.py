@@ -1,17 +1,23 @@
 """The operator's runtime against a scripted apiserver (no socket): it lists every kind, then
-leads; a pending GPU pod is bound once the cache holds its node; a task that fails with an
-error nothing handled stops the operator once, naming the task."""
+leads; a pending GPU pod is bound once the cache holds its node; a replica that leads from the
+start lists each kind once, and one that takes over lists again what a leader writes (and
+nothing else) before it binds; a task that fails with an error nothing handled stops the
+operator once, naming the task."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
 from builders import gpu_pod, ready_node
+from leases import LEASE_LABEL, OneLease
 from scripted import Answer
 
+from gpushare.kube.clock import micro_time
 from gpushare.model.usage import PodRef
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.runtime import Runtime
@@ -19,14 +25,24 @@ from gpushare_operator.runtime import Runtime
 pytestmark = pytest.mark.asyncio
 
 CONFIG = OperatorConfig(scheduler_names=frozenset({"volcano"}), leader_elect=False)
+ELECTED = OperatorConfig(
+    scheduler_names=frozenset({"volcano"}),
+    identity="op-1",
+    lease_duration_s=1,
+    renew_deadline_s=0.5,
+    retry_period_s=0.05,
+)
 
 
-class Apiserver:
-    """Lists what `objects` holds per resource (nothing else); every watch stays quiet. Binds
-    are recorded; the other writes (events, statuses) are answered and forgotten."""
+class Apiserver(OneLease):
+    """Lists what `objects` holds per resource (nothing else), and counts the LISTs; every
+    watch stays quiet. The Lease and the fence's binding as `OneLease` keeps them. Binds are
+    recorded; the other writes (events, statuses) are answered and forgotten."""
 
-    def __init__(self, objects: Mapping[str, list[dict[str, Any]]]) -> None:
+    def __init__(self, objects: dict[str, list[dict[str, Any]]]) -> None:
+        super().__init__()
         self.objects = objects
+        self.lists: Counter[str] = Counter()
         self.bound: list[tuple[str, str]] = []
         self.was_bound = asyncio.Event()
 
@@ -34,6 +50,7 @@ class Apiserver:
         async def call(**params: Any) -> Answer:
             if params.get("watch"):
                 await asyncio.Event().wait()
+            self.lists[resource] += 1
             items = self.objects.get(resource, [])
             return Answer(200, {"metadata": {"resourceVersion": "1"}, "items": items})
 
@@ -67,6 +84,51 @@ async def test_a_pending_gpu_pod_is_bound_once_the_cache_holds_its_node() -> Non
         await runtime.stop()
     assert apiserver.bound == [("train", "n")]
     assert runtime.failure is None
+
+
+async def test_a_replica_that_leads_from_the_start_lists_each_kind_once() -> None:
+    apiserver = Apiserver(
+        {"nodes": [ready_node("n", 20000, 2)], "pods": [gpu_pod("train", 6000, uid="u1")]}
+    )
+    apiserver.fence_lag = 1  # the term set on the fence's binding holds from the second ask
+    runtime = Runtime(config=ELECTED, api=apiserver, on_failure=lambda: None)
+    try:
+        await running(runtime)
+        await asyncio.wait_for(apiserver.was_bound.wait(), 5)
+    finally:
+        await runtime.stop()
+    assert apiserver.bound == [("train", "n")]
+    assert (apiserver.lists["nodes"], apiserver.lists["pods"]) == (1, 1)
+
+
+async def test_a_replica_that_takes_over_lists_pods_again_and_binds_none_the_leader_bound() -> None:
+    apiserver = Apiserver(
+        {"nodes": [ready_node("n", 20000, 2)], "pods": [gpu_pod("train", 8000, uid="u1")]}
+    )
+    apiserver.lease = {  # another replica's, live when this one starts
+        "metadata": {"name": "gpushare-scheduler", "namespace": "gpushare-system", "uid": "uid-1"},
+        "spec": {
+            "holderIdentity": "op-0",
+            "leaseDurationSeconds": 1,
+            "renewTime": micro_time(time.time()),
+            "leaseTransitions": 0,
+        },
+    }
+    apiserver.fence = (LEASE_LABEL, "0.uid-1")
+    runtime = Runtime(config=ELECTED, api=apiserver, on_failure=lambda: None)
+    try:
+        await running(runtime)
+        assert not runtime.leading
+        # Before its Lease runs out, the leader binds the pod; this replica's watch is quiet.
+        apiserver.objects["pods"] = [
+            gpu_pod("train", 8000, uid="u1", node="n", index="0"),
+            gpu_pod("infer", 4000, uid="u2"),
+        ]
+        await asyncio.wait_for(apiserver.was_bound.wait(), 5)
+    finally:
+        await runtime.stop()
+    assert apiserver.bound == [("infer", "n")]
+    assert (apiserver.lists["nodes"], apiserver.lists["pods"]) == (1, 2)
 
 
 async def test_a_task_failing_with_an_unhandled_error_stops_the_operator_once() -> None:
