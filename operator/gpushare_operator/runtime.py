@@ -189,10 +189,11 @@ class Runtime:
             *groups,
             self._pods,
         )
-        self._led: tuple[Reflector[Any], ...] = (*groups, self._pods)
-        """What a leader decides by and writes (Bindings, evictions and conditions on pods;
+        self._leader_written: tuple[Reflector[Any], ...] = (*groups, self._pods)
+        """What a leader writes and decides by (Bindings, evictions and conditions on pods;
         PodGroups' status): a LIST of it that began before a leadership may lack the last
-        writes of the leader before. The other kinds no leader writes."""
+        writes of the leader before. Of the other kinds a leader writes only GPUNodes' status,
+        which no decision reads (it is read back for its conditions' times alone)."""
         self.synced = asyncio.Event()
         self.started_at = time.monotonic()
         self._leader_tasks: list[asyncio.Task[None]] = []
@@ -242,7 +243,7 @@ class Runtime:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._cancel_leader_tasks()  # before the reflectors: a resync may be under way
+        await self._cancel_leader_tasks()  # before the reflectors: a relist may be under way
         for reflector in self.reflectors:
             await reflector.stop()
         if self.config.leader_elect:
@@ -295,7 +296,7 @@ class Runtime:
         writes is listed once the elector's first round has decided: a replica that leads
         from the start then lists it once, not twice."""
         for reflector in self.reflectors:
-            if self.config.leader_elect and reflector in self._led:
+            if self.config.leader_elect and reflector in self._leader_written:
                 await self.elector.decided.wait()
             reflector.start()
             await reflector.synced.wait()
@@ -311,7 +312,7 @@ class Runtime:
     async def _list_led_again(self, since: float) -> None:
         """LIST again, one kind after another, what a leader writes and was last listed
         before `since` (monotonic); return once the cache holds it."""
-        stale = [reflector for reflector in self._led if reflector.listed_from < since]
+        stale = [reflector for reflector in self._leader_written if reflector.listed_from < since]
         for reflector in stale:
             await reflector.relist()
         if stale:

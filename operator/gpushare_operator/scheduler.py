@@ -339,8 +339,8 @@ class Scheduler:
 
     def _not_bound(self, decision: _Decision) -> None:
         """Leadership lost (or shutdown) before the bind was known: whether it landed, the
-        watch will say; the pod stays queued meanwhile, or a new leadership (which lists
-        everything again first) would never decide for it."""
+        watch will say; the pod stays queued meanwhile, or a new leadership (which lists the
+        pods again first) would never decide for it."""
         self.cache.forget_assumed(decision.pod.ref.uid)
         self.queue.backoff(decision.pod.ref.uid)
 

@@ -1,13 +1,14 @@
 """The reflector's recovery, each against a scripted apiserver answer that a real one gives
 only under faults: a watch cut off mid-stream, an expired version, a malformed event, an
-unforeseen failure, a relist interrupted half-way, and relists that overlap. (Paging, large
-events, missed deletions and missing CRDs are proven against the real apiserver in the
-integration suite.)"""
+unforeseen failure, a relist interrupted half-way, and relists that overlap; and a LIST dated
+from when it was asked. (Paging, large events, missed deletions and missing CRDs are proven
+against the real apiserver in the integration suite.)"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -224,3 +225,35 @@ async def test_relists_that_overlap_leave_one_reflector_running_and_none_once_st
         if task.get_name() == "reflector pods" and not task.done()
     ]
     assert left == []
+
+
+async def test_a_list_dates_from_when_it_was_asked_not_when_its_answer_came() -> None:
+    # A new leader trusts a LIST only if it began after its leadership: one asked before and
+    # answered after may lack what the leader before wrote in between.
+    apiserver, owner = Apiserver([listing(10, "a")], []), Owner()
+    asked: list[float] = []
+    answer = asyncio.Event()
+
+    async def slow_to_answer_lists(**params: Any) -> Answer:
+        if not params.get("watch"):
+            asked.append(time.monotonic())
+            await answer.wait()
+        return await apiserver(**params)
+
+    reflector = Reflector(
+        "pods",
+        slow_to_answer_lists,
+        transform=dict,
+        on_event=owner.apply,
+        on_listed=owner.listed,
+        key=name_of,
+    )
+    reflector.start()
+    await until(lambda: bool(asked))
+    await asyncio.sleep(0.1)
+    answered = time.monotonic()
+    answer.set()
+    await until(reflector.synced.is_set)
+    await reflector.stop()
+    assert owner.held == {"a"}
+    assert reflector.listed_from <= asked[0] < answered

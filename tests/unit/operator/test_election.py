@@ -159,7 +159,7 @@ async def test_a_leader_paused_while_the_lease_changed_hands_twice_leads_afresh(
     a_elapsed[0] += 16  # "a" resumes and takes the free Lease in its first round
     await a.step()
     # Its decisions from before are of a term that is over: its leadership starts again
-    # (the runtime cancels them and lists everything before deciding).
+    # (the runtime cancels them and lists the pods again before deciding).
     assert transitions == ["started", "stopped", "started"]
     assert str(a.term) == f"{LEASE}/a/2"
 

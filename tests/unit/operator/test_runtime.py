@@ -7,6 +7,7 @@ operator once, naming the task."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -25,7 +26,7 @@ from gpushare_operator.runtime import Runtime
 pytestmark = pytest.mark.asyncio
 
 CONFIG = OperatorConfig(scheduler_names=frozenset({"volcano"}), leader_elect=False)
-ELECTED = OperatorConfig(
+ELECTED = OperatorConfig(  # a Lease that another replica's lapses in a second
     scheduler_names=frozenset({"volcano"}),
     identity="op-1",
     lease_duration_s=1,
@@ -91,7 +92,8 @@ async def test_a_replica_that_leads_from_the_start_lists_each_kind_once() -> Non
         {"nodes": [ready_node("n", 20000, 2)], "pods": [gpu_pod("train", 6000, uid="u1")]}
     )
     apiserver.fence_lag = 1  # the term set on the fence's binding holds from the second ask
-    runtime = Runtime(config=ELECTED, api=apiserver, on_failure=lambda: None)
+    config = dataclasses.replace(ELECTED, lease_duration_s=15, renew_deadline_s=10)
+    runtime = Runtime(config=config, api=apiserver, on_failure=lambda: None)
     try:
         await running(runtime)
         await asyncio.wait_for(apiserver.was_bound.wait(), 5)
