@@ -336,13 +336,19 @@ class LeaseElector:
         `term`) refuses one of no term: the binding is in force there. Not yet so for a moment
         after the binding is made (a fresh install): the apiserver takes every write then, and
         once it loads the binding, refuses this term's until it loads the term set on it.
-        Raises as `SchedulerApi.fence_holds`; `_unenforced` is kept only by an answer."""
+        Raises as `SchedulerApi.fence_holds`; `_unenforced` is kept only by an answer.
+        The write of no term is asked first: the apiserver may load the binding between the two
+        asks, and it loads forward only (not at all, then as created, then with the term set),
+        so only this term's write taken after one of no term was refused shows the term held
+        (asked the other way round, a fresh install's binding loaded as created in between
+        passed for this term's: CI caught its first Bindings refused)."""
         unenforced, self._unenforced = self._unenforced, None
+        no_term_taken = by_binding and await self._api.fence_holds(
+            term.namespace, term.stamp_of_no_term()
+        )
         if not await self._api.fence_holds(term.namespace, term.stamp()):
             return _Answer.REFUSES
-        if not by_binding or not await self._api.fence_holds(
-            term.namespace, term.stamp_of_no_term()
-        ):
+        if not no_term_taken:
             return _Answer.HOLDS
         same_term = unenforced is not None and unenforced[0] == term
         self._unenforced = unenforced if same_term else (term, self._monotonic())

@@ -371,7 +371,7 @@ async def test_a_fence_seen_unenforced_in_an_earlier_term_lets_no_later_term_lea
 
 async def test_a_term_the_apiserver_does_not_hold_in_time_is_not_led_in_yet() -> None:
     api = OneLease()
-    api.fence_lag = 1
+    api.fence_lag = 2  # both asks of its first round are answered from the term before
     config = OperatorConfig(identity="a", lease_duration_s=15, renew_deadline_s=10)
     a = LeaseElector(
         api,  # type: ignore[arg-type]
@@ -425,3 +425,35 @@ async def test_a_fence_binding_of_another_shape_is_led_under_only_if_it_takes_th
     api.probe_says = True  # the admin mended it, or removed it
     await a.step()
     assert a.leading
+
+
+class LoadingFence(OneLease):
+    """A fresh install's binding as the apiserver loads it while a new leader asks, one load a
+    question: not at all (it takes every write), then as created (term `none`: it refuses
+    every write of the Lease), then with the term the leader set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loads = ["unloaded", "none"]
+        self.loaded = "unloaded"
+
+    async def fence_holds(self, namespace: str, stamp: TermStamp) -> bool:
+        assert self.fence is not None
+        self.loaded = self.loads.pop(0) if self.loads else self.fence[1]
+        return self.loaded == "unloaded" or stamp.labels[contract.LEASE_TERM_LABEL] == self.loaded
+
+
+async def test_a_new_leader_leads_once_the_apiserver_holds_its_term_though_it_loads_mid_ask() -> (
+    None
+):
+    api = LoadingFence()
+    loaded_when_leading: list[str] = []
+    leader = replica(
+        api,
+        "a",
+        wall=[1000.0],
+        elapsed=[0.0],
+        on_started=lambda: loaded_when_leading.append(api.loaded),
+    )
+    await leader.step()
+    assert loaded_when_leading == ["0.uid-1"]  # its Bindings are taken from the first
