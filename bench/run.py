@@ -9,7 +9,8 @@ raised, and at its default) and the raw Binding rate, on one apiserver per size,
 what each write in which the two schedulers differ costs the apiserver and etcd;
 bursts of pods created at once, packed live against the model placing them one by one;
 gangs of 8 pods (Volcano PodGroups) against single pods, bound per second, on 200 nodes;
-operator start-up rebuild time and memory with 5,000 nodes and 50,000 pods; device-plugin
+operator start-up rebuild time and memory with 5,000 nodes and 50,000 pods; the operator's
+sweeps over every node (status, over-use) and how long they hold its event loop; device-plugin
 Allocate latency with 500 pods on the node and the ListAndWatch message for 8 x 141 GiB; on
 real nodes (the kubelet, containerd, runc; root), the pod's size per device id, the largest
 pod that runs at 1 MiB per device, admission after a kubelet restart with 100 GPU pods, and
@@ -51,6 +52,7 @@ FULL: dict[str, list[list[str]]] = {
     "server_cost": [["--writes", "3000", "--rounds", "5"]],
     "burst": [["--nodes", "50", "--pods", "400"]],
     "gangs": [["--gang-size", "8", "--nodes", "200", "--pods", "1600"]],
+    "sweep": [["--nodes", "5000", "--pods", "40000"]],
     "realnode": [["--pods", "100"]],
 }
 QUICK: dict[str, list[list[str]]] = {
@@ -62,6 +64,7 @@ QUICK: dict[str, list[list[str]]] = {
     "server_cost": [["--writes", "200", "--rounds", "1", "--pod-shape", "workload"]],
     "burst": [["--nodes", "10", "--pods", "80"]],
     "gangs": [["--gang-size", "4", "--nodes", "10", "--pods", "40"]],
+    "sweep": [["--nodes", "300", "--pods", "2400", "--sweeps", "2"]],
 }
 SCRIPTS = {"gangs": "operator"}
 """Benchmarks that are a mode of another's script."""

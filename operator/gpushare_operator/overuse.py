@@ -23,6 +23,7 @@ from gpushare_operator.kubeapi import Fenced, SchedulerApi
 from gpushare_operator.metrics import SchedulerMetrics
 from gpushare_operator.reporting import Reporter
 from gpushare_operator.scheduling.cache import SchedulerCache
+from gpushare_operator.sweeps import in_slices
 
 OVER_USE = "GPUMemoryOverUse"
 
@@ -59,7 +60,7 @@ class OverUseGuard:
         """Judge every node's latest measurement once, and act on what is due."""
         config = self._config()
         now = self._clock()
-        for name in self._cache.gpunode_names():
+        async for name in in_slices(self._cache.gpunode_names()):
             resource = self._cache.gpunode(name) or {}
             measured = measured_of(resource)
             actions = self._watch.observe(

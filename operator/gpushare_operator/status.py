@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from gpushare import logs
 from gpushare.kube import ApiError
 from gpushare.kube.clock import parse_time, rfc3339
 from gpushare.model import NodeName, contract
-from gpushare.model.bodies import path
+from gpushare.model.bodies import Body, path
 from gpushare.model.gangs import group_status
 from gpushare.model.measured import measured_of
 from gpushare.model.status import (
@@ -33,11 +34,13 @@ from gpushare.model.status import (
     gpunode_status,
     nvidia_resources,
 )
+from gpushare.model.usage import NodeUsage
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.kubeapi import SchedulerApi
 from gpushare_operator.metrics import MIB, SchedulerMetrics
 from gpushare_operator.scheduling.cache import SchedulerCache
 from gpushare_operator.scheduling.gangs import GangBook
+from gpushare_operator.sweeps import in_slices
 
 
 class StatusWriter:
@@ -58,6 +61,7 @@ class StatusWriter:
         self._metrics = metrics
         self._config = config
         self._written: dict[NodeName, dict[str, Any]] = {}
+        self._derived: dict[NodeName, _Derived] = {}
         self._next_write_at = 0.0  # monotonic: the pace of the writes
         self._log = logs.get("status")
 
@@ -91,13 +95,15 @@ class StatusWriter:
             self._gangs.written(spec.key, status)
 
     async def _write_nodes(self) -> None:
-        for name in self._cache.gpunode_names():
-            usage = self._cache.ledger.node(name)
-            if usage is None:
+        names = self._cache.gpunode_names()
+        stamp, stale_after_s = _Stamp(), self._config().plugin_stale_after_s
+        async for name in in_slices(names):
+            usage, resource = self._cache.ledger.node(name), self._cache.gpunode(name)
+            if usage is None or resource is None:
                 continue
-            resource = self._cache.gpunode(name) or {}
-            status = gpunode_status(usage, measured_of(resource))
-            annotations = path(resource, "metadata").get("annotations") or {}
+            derived = self._derived.get(name)
+            if derived is None or not derived.holds_for(usage, resource, self._cache.node(name)):
+                derived = self._derive(name, usage, resource)
             now = self._clock()
             # What the resource shows keeps its transition times across leaders.
             previous = (
@@ -105,23 +111,16 @@ class StatusWriter:
                 or path(resource, "status").get("conditions")
                 or []
             )
-            double = double_advertised(name, nvidia_resources(self._cache.node(name) or {}))
-            status["conditions"] = gpunode_conditions(
-                Heartbeat(
-                    last=parse_time(annotations.get(contract.PLUGIN_HEARTBEAT)),
-                    now=now,
-                    stale_after_s=self._config().plugin_stale_after_s,
+            status = {
+                **derived.status,
+                "conditions": gpunode_conditions(
+                    Heartbeat(last=derived.heartbeat, now=now, stale_after_s=stale_after_s),
+                    derived.status["healthyCards"],
+                    previous,
+                    stamp.of(now),
+                    derived.double,
                 ),
-                status["healthyCards"],
-                previous,
-                rfc3339(now),
-                double,
-            )
-            unit_bytes = usage.inventory.unit_mib * MIB
-            for index, card in usage.cards.items():
-                labels = (name, str(index))
-                self._metrics.card_allocated_bytes.labels(*labels).set(card.allocated * unit_bytes)
-                self._metrics.card_capacity_bytes.labels(*labels).set(card.card.total_mib * MIB)
+            }
             if self._written.get(name) == status:
                 continue
             await self._paced()
@@ -131,8 +130,33 @@ class StatusWriter:
                 self._log.warning("status_write_failed", node=name, error=repr(error))
                 continue
             self._written[name] = status
-            if double[0] == "True" and _status_of(previous, DOUBLE_ADVERTISED) != "True":
-                await self._warn_node(name, double[2])
+            if derived.double[0] == "True" and _status_of(previous, DOUBLE_ADVERTISED) != "True":
+                await self._warn_node(name, derived.double[2])
+        for gone in self._derived.keys() - set(names):
+            self._derived.pop(gone)
+            self._written.pop(gone, None)
+
+    def _derive(self, name: NodeName, usage: NodeUsage, resource: Body) -> _Derived:
+        """What the node's status is made of, but its conditions' times; and its cards'
+        metrics, which change only with it."""
+        node = self._cache.node(name)
+        annotations = path(resource, "metadata").get("annotations") or {}
+        derived = _Derived(
+            usage=usage,
+            revision=usage.revision,
+            resource=resource,
+            node=node,
+            status=gpunode_status(usage, measured_of(resource)),
+            heartbeat=parse_time(annotations.get(contract.PLUGIN_HEARTBEAT)),
+            double=double_advertised(name, nvidia_resources(node or {})),
+        )
+        self._derived[name] = derived
+        unit_bytes = usage.inventory.unit_mib * MIB
+        for index, card in usage.cards.items():
+            labels = (name, str(index))
+            self._metrics.card_allocated_bytes.labels(*labels).set(card.allocated * unit_bytes)
+            self._metrics.card_capacity_bytes.labels(*labels).set(card.card.total_mib * MIB)
+        return derived
 
     async def _warn_node(self, name: NodeName, message: str) -> None:
         """One Warning on the Node (`kubectl describe node`) when it turns double-advertised."""
@@ -155,3 +179,38 @@ class StatusWriter:
 
 def _status_of(conditions: Any, kind: str) -> str | None:
     return next((str(c.get("status")) for c in conditions if c.get("type") == kind), None)
+
+
+@dataclass(frozen=True, slots=True)
+class _Derived:
+    """A node's status but its conditions, from its usage at one revision, its GPUNode
+    resource and its Node as the cache held them (the cache replaces a body it sees again)."""
+
+    usage: NodeUsage
+    revision: int
+    resource: Body
+    node: Body | None
+    status: dict[str, Any]
+    heartbeat: float | None
+    double: tuple[str, str, str]
+
+    def holds_for(self, usage: NodeUsage, resource: Body, node: Body | None) -> bool:
+        return (
+            self.usage is usage
+            and self.revision == usage.revision
+            and self.resource is resource
+            and self.node is node
+        )
+
+
+class _Stamp:
+    """`rfc3339` of a time, formatted once per second of a sweep."""
+
+    def __init__(self) -> None:
+        self._second: int | None = None
+        self._text = ""
+
+    def of(self, at: float) -> str:
+        if int(at) != self._second:
+            self._second, self._text = int(at), rfc3339(at)
+        return self._text

@@ -68,6 +68,9 @@ def test_the_quick_benchmarks_run_and_report(tmp_path: Path, control_plane: Cont
     assert all(row["bytes"] <= row["limit_bytes"] for row in plugin["list_and_watch"])
     placement = report["results"]["placement"][0]["results"]
     assert all(row["decisions_per_s"] > 0 for row in placement)
+    for name, sweep in report["results"]["sweep"][0]["results"].items():
+        assert sweep["sweep_ms"] > 0, name
+        assert sweep["loop_held_ms"] > 0, name
     gangs = report["results"]["gangs"][0]["results"]
     assert gangs["gangs"]["bound_per_s"] > 0
     assert gangs["single"]["bound_per_s"] > 0

@@ -197,6 +197,9 @@ class NodeUsage:
     by the ledger, which makes every change)."""
     free_key: tuple[int, NodeName] | None = None
     """This node's entry in the ledger's node index, while it is in it."""
+    revision: int = 0
+    """Counts the ledger's changes to this node's cards: what a reader derived from them at
+    one revision holds until the next (a node whose cards are replaced is a new object)."""
 
     def recount(self) -> None:
         total = sum(u.free for u in self.cards.values() if u.shareable)
@@ -337,6 +340,7 @@ class Ledger:
             _remove(self._nodes_by_free, usage.free_key)
         self._attribute(usage, allocation, sign)
         usage.recount()
+        usage.revision += 1
         for card in touched:
             if card.shareable:
                 insort(self._cards_by_free, (card.free, name, card.card.index))

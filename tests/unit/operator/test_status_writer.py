@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from builders import capacity_node, gpu_pod, gpunode_resource
 
+from gpushare.kube.clock import rfc3339
+from gpushare.model import PodUid, contract
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.metrics import SchedulerMetrics
 from gpushare_operator.scheduling.cache import SchedulerCache
@@ -48,13 +52,21 @@ def cluster(nodes: int) -> SchedulerCache:
     return cache
 
 
-def writer_of(cache: SchedulerCache, api: RecordingApi) -> StatusWriter:
+def writer_of(
+    cache: SchedulerCache,
+    api: RecordingApi,
+    *,
+    config: OperatorConfig = CONFIG,
+    metrics: SchedulerMetrics | None = None,
+    clock: Callable[[], float] = time.time,
+) -> StatusWriter:
     return StatusWriter(
         cache=cache,
         gangs=GangBook(),
         api=api,  # type: ignore[arg-type]
-        metrics=SchedulerMetrics(),
-        config=lambda: CONFIG,
+        metrics=metrics or SchedulerMetrics(),
+        config=lambda: config,
+        clock=clock,
     )
 
 
@@ -103,3 +115,61 @@ async def test_a_node_that_nvidias_plugin_also_advertises_is_flagged_once_with_t
         ("n1", "Warning", "DoubleAdvertised")
     ]
     assert "nvidia.com/gpu.deploy.device-plugin=false" in api.node_events[0][3]
+
+
+@pytest.mark.asyncio
+async def test_a_sweep_over_many_nodes_lets_the_binds_run_while_it_goes() -> None:
+    cache, api = cluster(1000), RecordingApi()
+    writer = writer_of(cache, api, config=replace(CONFIG, status_write_rate=1_000_000))
+    await writer.write_changed()  # every status written once
+    turns = 0
+
+    async def bind_loop() -> None:  # another task of the event loop, as the binds are
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    other = asyncio.create_task(bind_loop())
+    await asyncio.sleep(0)
+    started = turns
+    await writer.write_changed()  # nothing changed: nothing to write, nothing to wait for
+    other.cancel()
+    assert len(api.writes) == 1000
+    assert turns - started >= 1000 // 128  # at least once per slice of the sweep
+
+
+@pytest.mark.asyncio
+async def test_a_plugin_whose_heartbeat_stops_is_shown_stale_though_nothing_else_changed() -> None:
+    cache, api = cluster(1), RecordingApi()
+    beat = 1_800_000_000.0
+    resource = gpunode_resource("n0", [11178, 11178])
+    resource["metadata"]["annotations"] = {contract.PLUGIN_HEARTBEAT: rfc3339(beat)}
+    cache.observe_gpunode(resource)
+    now = [beat + 1]
+    writer = writer_of(cache, api, clock=lambda: now[0])
+    await writer.write_changed()
+    now[0] = beat + CONFIG.plugin_stale_after_s + 1
+    await writer.write_changed()
+    shown = [{c["type"]: c["status"] for c in status["conditions"]} for _, _, status in api.writes]
+    assert [(s["Ready"], s["Stale"]) for s in shown] == [("True", "False"), ("False", "True")]
+
+
+@pytest.mark.asyncio
+async def test_a_cards_allocated_bytes_follow_its_pods() -> None:
+    cache, api, metrics = cluster(1), RecordingApi(), SchedulerMetrics()
+    writer = writer_of(cache, api, metrics=metrics)
+
+    def allocated() -> float | None:
+        return metrics.registry.get_sample_value(
+            "gpushare_card_allocated_bytes", {"node": "n0", "card": "1"}
+        )
+
+    await writer.write_changed()
+    assert allocated() == 0
+    cache.observe_pod(PodInfo.parse(gpu_pod("a", 6000, node="n0", index="1", uid="ua")))
+    await writer.write_changed()
+    assert allocated() == 6000 * 2**20
+    cache.forget_pod(PodUid("ua"))
+    await writer.write_changed()
+    assert allocated() == 0
