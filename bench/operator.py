@@ -45,7 +45,8 @@ single pods' creates; the backlog is created before its window).
 Times are seen by watches in this process. Each phase reports the requests per pod: the
 apiserver's by verb and resource (a 429 answered and sent again counts twice), its
 authentications, its requests to etcd, and etcd's calls, watch events and bytes;
-`--profile DIR` writes the apiserver's and etcd's CPU profiles of each phase (pprof) there.
+`--profile DIR` writes the apiserver's and etcd's CPU profiles of each phase (pprof) there,
+and what each allocated in the phase.
 
 With `--same-pods`, kube-scheduler's pods end as the operator's do: the stand-in's PATCH gives
 them Volcano's gpu-index and predicate-time with gpu-assigned, the record that the operator's
@@ -311,11 +312,11 @@ async def measure(
     await core.create_namespace(cast(client.V1Namespace, {"metadata": {"name": namespace}}))
     backlog = [f"backlog-{i}" for i in range(args.pods)]
     await create_pods(core, namespace, backlog, scheduler.name, shape=args.pod_shape)
+    profile = profiles(namespace) if profiles is not None else None
+    if profile is not None:  # before the phase's counts: its snapshot collects the garbage
+        await profile.start()
     requests_before = await server_requests(api, servers.etcd)
     server_before = servers.cpu_seconds()
-    profile = profiles(namespace) if profiles is not None else None
-    if profile is not None:
-        profile.start()
     pid = scheduler.start()
     pods = 2 * args.pods + args.single
     try:
@@ -379,6 +380,10 @@ async def measure(
     }
 
 
+GO_RUNTIME_COUNTED = ("go_memstats_alloc_bytes_total",)
+"""Each server's bytes allocated on its heap: work counted rather than timed, so that a phase's
+per pod moves by under 2 % from one round to the next where its CPU seconds move by a fifth."""
+
 ETCD_COUNTED = {
     "grpc_server_handled_total": "grpc_method",
     "grpc_server_started_total": "grpc_method",
@@ -388,6 +393,7 @@ ETCD_COUNTED = {
     "etcd_network_client_grpc_received_bytes_total": "",
     "etcd_network_client_grpc_sent_bytes_total": "",
     "etcd_disk_backend_commit_duration_seconds_count": "",
+    **dict.fromkeys(GO_RUNTIME_COUNTED, ""),
 }
 """etcd's own counts: its calls by gRPC method, the bytes it took in and sent out, and how
 often it committed its store (the fewer per pod, the more writes each commit took; its log
@@ -398,14 +404,22 @@ async def server_requests(api: client.ApiClient, etcd: str) -> Counter[str]:
     """The apiserver's requests so far by verb and resource (`apiserver_request_total`), its
     own requests to etcd by operation and resource (`etcd_requests_total`, "etcd ..."), and
     etcd's calls by gRPC method and bytes in and out ("etcd grpc ..."), the benchmark's own
-    included: pods created, the stand-in's PATCH and the watches' LISTs."""
+    included: pods created, the stand-in's PATCH and the watches' LISTs; and each server's
+    bytes allocated ("apiserver go_...", "etcd go_...")."""
     response = await api.call_api(
         "/metrics", "GET", _preload_content=False, auth_settings=["BearerToken"]
     )
     counts: Counter[str] = Counter()
-    counted = ("apiserver_request_total", "etcd_requests_total", "authentication_attempts")
+    counted = (
+        "apiserver_request_total",
+        "etcd_requests_total",
+        "authentication_attempts",
+        *GO_RUNTIME_COUNTED,
+    )
     for metric, labels, value in counters((await response.read()).decode(), counted):
-        if metric == "authentication_attempts":
+        if metric in GO_RUNTIME_COUNTED:
+            counts[f"apiserver {metric}"] += int(value)
+        elif metric == "authentication_attempts":
             counts[f"authenticated {labels.get('result')}"] += int(value)
         elif metric == "etcd_requests_total":
             counts[f"etcd {labels.get('operation')} {labels.get('resource')}"] += int(value)
@@ -417,7 +431,8 @@ async def server_requests(api: client.ApiClient, etcd: str) -> Counter[str]:
     async with aiohttp.ClientSession() as session, session.get(etcd + "/metrics") as got:
         got.raise_for_status()
         for metric, labels, value in counters(await got.text(), ETCD_COUNTED):
-            what = f"etcd grpc {metric} {labels.get(ETCD_COUNTED[metric], '')}".strip()
+            kind = "etcd" if metric in GO_RUNTIME_COUNTED else "etcd grpc"
+            what = f"{kind} {metric} {labels.get(ETCD_COUNTED[metric], '')}".strip()
             counts[what] += int(value)
     return counts
 
@@ -444,7 +459,9 @@ PROFILE_CHUNK_S = 5
 
 class ServerProfiles:
     """CPU profiles of the apiserver and etcd over a phase, each merged into
-    `<directory>/<phase>-<server>.pb.gz` (read them with `go tool pprof`)."""
+    `<directory>/<phase>-<server>.pb.gz`, and what each allocated in it,
+    `<phase>-<server>-allocs.pb.gz` (read them with `go tool pprof`; a phase's allocations
+    against another's with `-sample_index=alloc_space -diff_base`)."""
 
     def __init__(self, api: client.ApiClient, etcd: str, directory: Path, phase: str) -> None:
         self._api = api
@@ -454,12 +471,25 @@ class ServerProfiles:
         self._chunks: dict[str, list[Path]] = {"kube-apiserver": [], "etcd": []}
         self._tasks: list[asyncio.Task[None]] = []
 
-    def start(self) -> None:
+    async def start(self) -> None:
         self._directory.mkdir(parents=True, exist_ok=True)
+        async with aiohttp.ClientSession() as session:
+            for server in self._chunks:
+                self._allocs(server, "before").write_bytes(
+                    await self._fetch(server, session, "allocs")
+                )
         self._tasks = [asyncio.create_task(self._collect(server)) for server in self._chunks]
 
-    async def _fetch(self, server: str, session: aiohttp.ClientSession) -> bytes:
-        query = f"/debug/pprof/profile?seconds={PROFILE_CHUNK_S}"
+    def _allocs(self, server: str, when: str) -> Path:
+        return self._directory / f"{self._phase}-{server}-allocs-{when}"
+
+    async def _fetch(
+        self, server: str, session: aiohttp.ClientSession, profile: str = "profile"
+    ) -> bytes:
+        """A profile of `server`: CPU over the next chunk, or its allocations since it began
+        (`allocs`: after a collection, for the profile shows them as of the last one)."""
+        query = f"/debug/pprof/{profile}"
+        query += f"?seconds={PROFILE_CHUNK_S}" if profile == "profile" else "?gc=1"
         if server == "etcd":
             async with session.get(self._etcd + query) as answer:
                 answer.raise_for_status()
@@ -487,19 +517,38 @@ class ServerProfiles:
         for ended in await asyncio.gather(*self._tasks, return_exceptions=True):
             if not isinstance(ended, asyncio.CancelledError):
                 print(f"{self._phase}: a profile stopped early: {ended!r}", file=sys.stderr)
+        for server in self._chunks:  # what the phase allocated: after less before
+            before, after = self._allocs(server, "before"), self._allocs(server, "after")
+            try:
+                async with aiohttp.ClientSession() as session:
+                    after.write_bytes(await self._fetch(server, session, "allocs"))
+            except (aiohttp.ClientError, client.ApiException, RuntimeError) as failed:
+                print(f"{self._phase}: no allocations of {server}: {failed!r}", file=sys.stderr)
+                continue
+            await self._pprof(
+                ["-base", str(before), str(after)],
+                self._directory / f"{self._phase}-{server}-allocs.pb.gz",
+                [before, after],
+            )
         for server, chunks in self._chunks.items():
             if not chunks:  # a phase shorter than a chunk
                 continue
-            merged = self._directory / f"{self._phase}-{server}.pb.gz"
-            with merged.open("wb") as out:
-                merging = await asyncio.create_subprocess_exec(
-                    "go", "tool", "pprof", "-proto", *map(str, chunks), stdout=out
-                )
-                if await merging.wait():
-                    print(f"go tool pprof could not merge {chunks}", file=sys.stderr)
-                    continue
-            for chunk in chunks:
-                chunk.unlink()
+            await self._pprof(
+                list(map(str, chunks)), self._directory / f"{self._phase}-{server}.pb.gz", chunks
+            )
+
+    @staticmethod
+    async def _pprof(arguments: list[str], out: Path, inputs: list[Path]) -> None:
+        """`go tool pprof -proto <arguments>` into `out`; its inputs removed once it is made."""
+        with out.open("wb") as written:
+            making = await asyncio.create_subprocess_exec(
+                "go", "tool", "pprof", "-proto", *arguments, stdout=written
+            )
+            if await making.wait():
+                print(f"go tool pprof could not make {out} of {arguments}", file=sys.stderr)
+                return
+        for path in inputs:
+            path.unlink()
 
 
 async def backlog_bound(binds: Binds, pid: int, keys: list[str]) -> tuple[float, float]:
@@ -929,7 +978,8 @@ def main() -> int:
     parser.add_argument(
         "--profile",
         type=Path,
-        help="write the apiserver's and etcd's CPU profile of each round's phases here",
+        help="write the apiserver's and etcd's CPU profile of each round's phases here, and what "
+        "each allocated in them",
     )
     parser.add_argument(
         "--server-cpus",
