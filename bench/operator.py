@@ -350,12 +350,12 @@ async def measure(
             name: seconds - server_before[name] for name, seconds in servers.cpu_seconds().items()
         }
         memory = rss_mib(pid)
+        requests = await server_requests(api, servers.etcd)  # before the profiles' own work
     finally:
         binds.on_bind = None
         scheduler.stop()
         if profile is not None:
             await profile.stop()
-    requests = await server_requests(api, servers.etcd)
     requests.subtract(requests_before)
     await empty(core, namespace)
     return {
@@ -522,7 +522,7 @@ class ServerProfiles:
             try:
                 async with aiohttp.ClientSession() as session:
                     after.write_bytes(await self._fetch(server, session, "allocs"))
-            except (aiohttp.ClientError, client.ApiException, RuntimeError) as failed:
+            except (aiohttp.ClientError, client.ApiException, RuntimeError, OSError) as failed:
                 print(f"{self._phase}: no allocations of {server}: {failed!r}", file=sys.stderr)
                 continue
             await self._pprof(

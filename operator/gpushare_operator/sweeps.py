@@ -8,7 +8,7 @@ from typing import TypeVar
 
 SWEEP_SLICE = 128
 """Items a sweep takes between two turns of the event loop: the GPUNode status sweep over
-5,000 nodes held it for 0.4 s every interval, and the binds waited behind it."""
+5,000 nodes held it for 0.32 s every interval, and the binds waited behind it."""
 
 _Item = TypeVar("_Item")
 
