@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
 from gpushare.model import contract
+from gpushare_harness.benchargs import positive
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.election import WriteFence
 from gpushare_operator.kubeapi import SchedulerApi
@@ -174,10 +175,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--nodes", type=int, default=5000)
-    parser.add_argument("--cards", type=int, default=8)
-    parser.add_argument("--pods", type=int, default=40000)
-    parser.add_argument("--sweeps", type=int, default=5)
+    parser.add_argument("--nodes", type=positive, default=5000)
+    parser.add_argument("--cards", type=positive, default=8)
+    parser.add_argument("--pods", type=positive, default=40000)
+    parser.add_argument("--sweeps", type=positive, default=5)
     parser.add_argument("--json")
     args = parser.parse_args()
     results = asyncio.run(run(args))
