@@ -473,15 +473,17 @@ class ServerProfiles:
 
     async def start(self) -> None:
         self._directory.mkdir(parents=True, exist_ok=True)
-        async with aiohttp.ClientSession() as session:
-            for server in self._chunks:
-                self._allocs(server, "before").write_bytes(
-                    await self._fetch(server, session, "allocs")
-                )
+        await self._snapshot_allocs("before")
         self._tasks = [asyncio.create_task(self._collect(server)) for server in self._chunks]
 
     def _allocs(self, server: str, when: str) -> Path:
         return self._directory / f"{self._phase}-{server}-allocs-{when}"
+
+    async def _snapshot_allocs(self, when: str) -> None:
+        """Each server's allocations so far, into `_allocs(server, when)`."""
+        async with aiohttp.ClientSession() as session:
+            for server in self._chunks:
+                self._allocs(server, when).write_bytes(await self._fetch(server, session, "allocs"))
 
     async def _fetch(
         self, server: str, session: aiohttp.ClientSession, profile: str = "profile"
@@ -517,13 +519,13 @@ class ServerProfiles:
         for ended in await asyncio.gather(*self._tasks, return_exceptions=True):
             if not isinstance(ended, asyncio.CancelledError):
                 print(f"{self._phase}: a profile stopped early: {ended!r}", file=sys.stderr)
+        try:
+            await self._snapshot_allocs("after")
+        except (aiohttp.ClientError, client.ApiException, RuntimeError, OSError) as failed:
+            print(f"{self._phase}: allocations not read: {failed!r}", file=sys.stderr)
         for server in self._chunks:  # what the phase allocated: after less before
             before, after = self._allocs(server, "before"), self._allocs(server, "after")
-            try:
-                async with aiohttp.ClientSession() as session:
-                    after.write_bytes(await self._fetch(server, session, "allocs"))
-            except (aiohttp.ClientError, client.ApiException, RuntimeError, OSError) as failed:
-                print(f"{self._phase}: no allocations of {server}: {failed!r}", file=sys.stderr)
+            if not after.exists():
                 continue
             await self._pprof(
                 ["-base", str(before), str(after)],

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
 from gpushare.model import contract
+from gpushare_harness import FakeGpuNode
 from gpushare_harness.benchargs import positive
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.election import WriteFence
@@ -53,13 +54,13 @@ def cluster(nodes: int, cards: int, pods: int) -> SchedulerCache:
     cache = SchedulerCache(config=lambda: CONFIG)
     for number in range(nodes):
         name = f"node-{number:04d}"
-        capacity = {contract.GPU_MEMORY: str(cards * CARD_MIB), contract.GPU_NUMBER: str(cards)}
+        capacity = FakeGpuNode(name=name, gpu_memory=cards * CARD_MIB, gpu_number=cards).capacity()
         cache.observe_node(
             {
                 "metadata": {"name": name},
                 "status": {
                     "capacity": capacity,
-                    "allocatable": {**capacity, "pods": "110"},
+                    "allocatable": capacity,
                     "conditions": [{"type": "Ready", "status": "True"}],
                 },
             }

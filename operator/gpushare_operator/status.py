@@ -101,9 +101,9 @@ class StatusWriter:
             usage, resource = self._cache.ledger.node(name), self._cache.gpunode(name)
             if usage is None or resource is None:
                 continue
-            derived = self._derived.get(name)
-            if derived is None or not derived.holds_for(usage, resource, self._cache.node(name)):
-                derived = self._derive(name, usage, resource)
+            derived, node = self._derived.get(name), self._cache.node(name)
+            if derived is None or not derived.holds_for(usage, resource, node):
+                derived = self._derive(name, usage, resource, node)
             now = self._clock()
             # What the resource shows keeps its transition times across leaders.
             previous = (
@@ -136,10 +136,11 @@ class StatusWriter:
             self._derived.pop(gone)
             self._written.pop(gone, None)
 
-    def _derive(self, name: NodeName, usage: NodeUsage, resource: Body) -> _Derived:
+    def _derive(
+        self, name: NodeName, usage: NodeUsage, resource: Body, node: Body | None
+    ) -> _Derived:
         """What the node's status is made of, but its conditions' times; and its cards'
         metrics, which change only with it."""
-        node = self._cache.node(name)
         annotations = path(resource, "metadata").get("annotations") or {}
         derived = _Derived(
             usage=usage,
