@@ -44,7 +44,9 @@ defers count too (the stand-in's PATCHes are in it for either scheduler, and the
 single pods' creates; the backlog is created before its window).
 Times are seen by watches in this process. Each phase reports the requests per pod: the
 apiserver's by verb and resource (a 429 answered and sent again counts twice), its
-authentications, its requests to etcd, and etcd's calls, watch events and bytes;
+authentications, its requests to etcd, and etcd's calls, watch events and bytes; each
+server's context switches and read and write calls per pod, over the phase and over the
+burst (how often it was woken: the same requests cost more when fewer share each wake-up);
 `--profile DIR` writes the apiserver's and etcd's CPU profiles of each phase (pprof) there,
 and what each allocated in the phase.
 
@@ -105,7 +107,13 @@ from gpushare_harness.controlplane import free_port
 from gpushare_harness.crds import install_crds, install_podgroup_crds
 from gpushare_harness.identities import install_roles, operator_kubeconfig
 from gpushare_harness.operator import OperatorProcess
-from gpushare_harness.serverstats import counters, cpu_seconds, rss_mib
+from gpushare_harness.serverstats import (
+    PROCESS_COUNTED,
+    counters,
+    cpu_seconds,
+    process_counts,
+    rss_mib,
+)
 from gpushare_harness.standin import act_as_device_plugins
 from gpushare_operator.config import OPTIONS, OperatorConfig
 from gpushare_operator.kubeapi import KubeSchedulerApi
@@ -316,6 +324,7 @@ async def measure(
     if profile is not None:  # before the phase's counts: its snapshot collects the garbage
         await profile.start()
     requests_before = await server_requests(api, servers.etcd)
+    counts_before = servers.counts()
     server_before = servers.cpu_seconds()
     pid = scheduler.start()
     pods = 2 * args.pods + args.single
@@ -328,6 +337,7 @@ async def measure(
         burst = [f"burst-{i}" for i in range(args.pods)]
         keys = [f"{namespace}/{n}" for n in burst]
         burst_server_before = servers.total_cpu_seconds()
+        burst_counts = servers.counts()
         started = time.monotonic()
         created = await create_pods(core, namespace, burst, scheduler.name, shape=args.pod_shape)
         await binds.wait(keys)
@@ -336,6 +346,7 @@ async def measure(
         latencies = [bound[n] - created[n] for n in burst]
         await binds.wait(keys, done=True)
         burst_server = servers.total_cpu_seconds() - burst_server_before
+        burst_counts = servers.counts() - burst_counts
 
         single = []
         for number in range(args.single):
@@ -351,6 +362,7 @@ async def measure(
         }
         memory = rss_mib(pid)
         requests = await server_requests(api, servers.etcd)  # before the profiles' own work
+        counts = servers.counts() - counts_before
     finally:
         binds.on_bind = None
         scheduler.stop()
@@ -366,6 +378,11 @@ async def measure(
         "server_cpu_s_per_1000_pods": round(sum(server_phase.values()) / pods * 1000, 2),
         "apiserver_cpu_s_per_1000_pods": round(server_phase["kube-apiserver"] / pods * 1000, 2),
         "etcd_cpu_s_per_1000_pods": round(server_phase["etcd"] / pods * 1000, 2),
+        **{f"{what}_per_pod": round(counts[what] / pods, 2) for what in SERVER_COUNTED},
+        **{
+            f"burst_{what}_per_pod": round(burst_counts[what] / args.pods, 2)
+            for what in SERVER_COUNTED
+        },
         "burst_bound_per_s": round(burst_rate),
         "burst_create_to_bound_p50_ms": round(statistics.median(latencies) * 1000),
         "burst_create_to_bound_p99_ms": round(percentile(latencies, 0.99) * 1000),
@@ -379,6 +396,13 @@ async def measure(
         },
     }
 
+
+SERVER_SHORT = {"kube-apiserver": "apiserver", "etcd": "etcd"}
+SERVER_COUNTED = tuple(
+    f"{short}_{what}" for short in SERVER_SHORT.values() for what in PROCESS_COUNTED
+)
+"""Each server's context switches and read and write calls, per pod over the phase and over
+the burst: the same requests cost a server more when fewer of them share each wake-up."""
 
 GO_RUNTIME_COUNTED = ("go_memstats_alloc_bytes_total",)
 """Each server's bytes allocated on its heap: work counted rather than timed, so that a phase's
@@ -450,6 +474,16 @@ class Servers:
 
     def total_cpu_seconds(self) -> float:
         return sum(self.cpu_seconds().values())
+
+    def counts(self) -> Counter[str]:
+        """`SERVER_COUNTED` so far."""
+        return Counter(
+            {
+                f"{SERVER_SHORT[name]}_{what}": count
+                for name, pid in self.pids.items()
+                for what, count in process_counts(pid).items()
+            }
+        )
 
 
 PROFILE_CHUNK_S = 5
@@ -902,6 +936,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "server_cpu_s_per_1000_pods",
         "apiserver_cpu_s_per_1000_pods",
         "etcd_cpu_s_per_1000_pods",
+        *(f"{phase}{what}_per_pod" for phase in ("", "burst_") for what in SERVER_COUNTED),
     )
     per_round = {
         key: [round(r["operator"][key] / r["kube-scheduler-raised"][key], 2) for r in rounds]

@@ -1,5 +1,6 @@
-"""What a benchmark reads of the processes it measures: CPU time and resident memory from
-/proc, and counters from a Prometheus text exposition (the apiserver's and etcd's /metrics)."""
+"""What a benchmark reads of the processes it measures: CPU time, context switches, system
+calls and resident memory from /proc, and counters from a Prometheus text exposition (the
+apiserver's and etcd's /metrics)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,33 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+PROCESS_COUNTED = ("context_switches", "read_calls", "write_calls")
+"""What `process_counts` counts: how often a process was woken or put off its CPU, and its
+read and write system calls (sockets included), counted rather than timed."""
+
+
+def process_counts(pid: int) -> dict[str, int]:
+    """A process's `PROCESS_COUNTED` so far. Context switches are summed over its threads now:
+    a thread that has ended takes its own with it (Go's runtime seldom ends one)."""
+    switches = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            lines = (task / "status").read_text().splitlines()
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
+            continue
+        switches += sum(
+            int(value)
+            for name, _, value in (line.partition(":") for line in lines)
+            if name.endswith("ctxt_switches")
+        )
+    io = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+    return {
+        "context_switches": switches,
+        "read_calls": int(io["syscr"]),
+        "write_calls": int(io["syscw"]),
+    }
 
 
 def rss_mib(pid: int) -> float:
