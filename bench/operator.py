@@ -45,8 +45,8 @@ single pods' creates; the backlog is created before its window).
 Times are seen by watches in this process. Each phase reports the requests per pod: the
 apiserver's by verb and resource (a 429 answered and sent again counts twice), its
 authentications, its requests to etcd, and etcd's calls, watch events and bytes; each
-server's context switches and read and write calls per pod, over the phase and over the
-burst (how often it was woken: the same requests cost more when fewer share each wake-up);
+server's context switches (voluntary: idle and woken; involuntary: put off its CPU) and read
+and write calls per pod, over the phase and over the burst;
 `--profile DIR` writes the apiserver's and etcd's CPU profiles of each phase (pprof) there,
 and what each allocated in the phase.
 
@@ -260,15 +260,32 @@ class Binds:
 
 
 def median_round(measured: list[dict[str, Any]]) -> dict[str, Any]:
-    """Each figure's median over the rounds (the requests per pod: the first round's)."""
-    return {
-        key: (
-            round(statistics.median(m[key] for m in measured), 2)
-            if isinstance(value, int | float)
-            else value
-        )
-        for key, value in measured[0].items()
-    }
+    """Each figure's median over the rounds, and each count's of the requests per pod (a count
+    missing from a round was under 0.01 per pod there)."""
+    medians: dict[str, Any] = {}
+    for key, value in measured[0].items():
+        if isinstance(value, int | float):
+            medians[key] = round(statistics.median(m[key] for m in measured), 2)
+        elif isinstance(value, dict):
+            counted = sorted({what for m in measured for what in m[key]})
+            medians[key] = {
+                what: round(statistics.median(m[key].get(what, 0) for m in measured), 2)
+                for what in counted
+            }
+        else:
+            medians[key] = value
+    return medians
+
+
+def ratio(operator: float, kube_scheduler: float) -> float | None:
+    """The operator's figure over kube-scheduler's; None where kube-scheduler's is 0."""
+    return round(operator / kube_scheduler, 2) if kube_scheduler else None
+
+
+def median_known(ratios: list[float | None]) -> float | None:
+    """The median of the ratios there are (None: none)."""
+    known = [r for r in ratios if r is not None]
+    return round(statistics.median(known), 2) if known else None
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -337,7 +354,7 @@ async def measure(
         burst = [f"burst-{i}" for i in range(args.pods)]
         keys = [f"{namespace}/{n}" for n in burst]
         burst_server_before = servers.total_cpu_seconds()
-        burst_counts = servers.counts()
+        burst_counts_before = servers.counts()
         started = time.monotonic()
         created = await create_pods(core, namespace, burst, scheduler.name, shape=args.pod_shape)
         await binds.wait(keys)
@@ -346,7 +363,7 @@ async def measure(
         latencies = [bound[n] - created[n] for n in burst]
         await binds.wait(keys, done=True)
         burst_server = servers.total_cpu_seconds() - burst_server_before
-        burst_counts = servers.counts() - burst_counts
+        burst_counts = since(burst_counts_before, servers.counts())
 
         single = []
         for number in range(args.single):
@@ -360,9 +377,9 @@ async def measure(
         server_phase = {
             name: seconds - server_before[name] for name, seconds in servers.cpu_seconds().items()
         }
+        counts = since(counts_before, servers.counts())  # before the metrics' own reads
         memory = rss_mib(pid)
         requests = await server_requests(api, servers.etcd)  # before the profiles' own work
-        counts = servers.counts() - counts_before
     finally:
         binds.on_bind = None
         scheduler.stop()
@@ -402,7 +419,13 @@ SERVER_COUNTED = tuple(
     f"{short}_{what}" for short in SERVER_SHORT.values() for what in PROCESS_COUNTED
 )
 """Each server's context switches and read and write calls, per pod over the phase and over
-the burst: the same requests cost a server more when fewer of them share each wake-up."""
+the burst: how often it went idle and was woken, or was put off its CPU, for the same work."""
+
+
+def since(before: Mapping[str, int], now: Mapping[str, int]) -> dict[str, int]:
+    """Each count's growth (negative kept: a thread that ended took its switches with it)."""
+    return {what: count - before[what] for what, count in now.items()}
+
 
 GO_RUNTIME_COUNTED = ("go_memstats_alloc_bytes_total",)
 """Each server's bytes allocated on its heap: work counted rather than timed, so that a phase's
@@ -475,15 +498,13 @@ class Servers:
     def total_cpu_seconds(self) -> float:
         return sum(self.cpu_seconds().values())
 
-    def counts(self) -> Counter[str]:
+    def counts(self) -> dict[str, int]:
         """`SERVER_COUNTED` so far."""
-        return Counter(
-            {
-                f"{SERVER_SHORT[name]}_{what}": count
-                for name, pid in self.pids.items()
-                for what, count in process_counts(pid).items()
-            }
-        )
+        return {
+            f"{SERVER_SHORT[name]}_{what}": count
+            for name, pid in self.pids.items()
+            for what, count in process_counts(pid).items()
+        }
 
 
 PROFILE_CHUNK_S = 5
@@ -939,13 +960,13 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         *(f"{phase}{what}_per_pod" for phase in ("", "burst_") for what in SERVER_COUNTED),
     )
     per_round = {
-        key: [round(r["operator"][key] / r["kube-scheduler-raised"][key], 2) for r in rounds]
+        key: [ratio(r["operator"][key], r["kube-scheduler-raised"][key]) for r in rounds]
         for key in compared
     }
     for label in ("kube-scheduler-raised", "operator"):
         results[label] = median_round([r[label] for r in rounds])
     results["operator_vs_kube_scheduler"] = {
-        key: round(statistics.median(ratios), 2) for key, ratios in per_round.items()
+        key: median_known(ratios) for key, ratios in per_round.items()
     }
     results["operator_vs_kube_scheduler_per_round"] = per_round
     ours = results["operator"]

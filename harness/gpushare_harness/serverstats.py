@@ -17,31 +17,33 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-PROCESS_COUNTED = ("context_switches", "read_calls", "write_calls")
-"""What `process_counts` counts: how often a process was woken or put off its CPU, and its
-read and write system calls (sockets included), counted rather than timed."""
+PROCESS_COUNTED = ("voluntary_switches", "involuntary_switches", "read_calls", "write_calls")
+"""What `process_counts` counts, not times: how often a process gave up its CPU to wait
+(voluntary context switches: it went idle and was woken again) or was put off it (involuntary:
+another process took the CPU), and its read and write system calls (read/readv and
+write/writev, which Go's sockets use, and files too: etcd's log among them)."""
+
+_STATUS_SWITCHES = {
+    "voluntary_ctxt_switches": "voluntary_switches",
+    "nonvoluntary_ctxt_switches": "involuntary_switches",
+}
 
 
 def process_counts(pid: int) -> dict[str, int]:
     """A process's `PROCESS_COUNTED` so far. Context switches are summed over its threads now:
     a thread that has ended takes its own with it (Go's runtime seldom ends one)."""
-    switches = 0
+    counts = dict.fromkeys(PROCESS_COUNTED, 0)
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             lines = (task / "status").read_text().splitlines()
         except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
             continue
-        switches += sum(
-            int(value)
-            for name, _, value in (line.partition(":") for line in lines)
-            if name.endswith("ctxt_switches")
-        )
+        for name, _, value in (line.partition(":") for line in lines):
+            if name in _STATUS_SWITCHES:
+                counts[_STATUS_SWITCHES[name]] += int(value)
     io = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
-    return {
-        "context_switches": switches,
-        "read_calls": int(io["syscr"]),
-        "write_calls": int(io["syscw"]),
-    }
+    counts["read_calls"], counts["write_calls"] = int(io["syscr"]), int(io["syscw"])
+    return counts
 
 
 def rss_mib(pid: int) -> float:
