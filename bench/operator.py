@@ -46,9 +46,13 @@ Times are seen by watches in this process. Each phase reports the requests per p
 apiserver's by verb and resource (a 429 answered and sent again counts twice), its
 authentications, its requests to etcd, and etcd's calls, watch events and bytes; each
 server's context switches (voluntary: idle and woken; involuntary: put off its CPU) and read
-and write calls per pod, over the phase and over the burst;
+and write calls per pod, over the phase and over the burst. Over the burst until its last
+bind: the CPU per 1,000 pods of the scheduler and of the load (this process's creates and
+watches, the stand-in), and each CPU's busy share (`burst_cpu_busy`: which core bounds the
+rate); and how long after its bind each pod's Scheduled Event was seen (p50, p99).
 `--profile DIR` writes the apiserver's and etcd's CPU profiles of each phase (pprof) there,
-and what each allocated in the phase.
+what each allocated in the phase, and the apiserver's execution trace of 3 s in each burst
+(read it with `bench/tracewake`).
 
 With `--same-pods`, kube-scheduler's pods end as the operator's do: the stand-in's PATCH gives
 them Volcano's gpu-index and predicate-time with gpu-assigned, the record that the operator's
@@ -110,7 +114,9 @@ from gpushare_harness.operator import OperatorProcess
 from gpushare_harness.serverstats import (
     PROCESS_COUNTED,
     counters,
+    cpu_busy,
     cpu_seconds,
+    cpu_times,
     process_counts,
     rss_mib,
 )
@@ -331,8 +337,11 @@ async def measure(
     namespace: str,
     *,
     servers: Servers,
+    load: Mapping[str, int],
     profiles: Callable[[str], ServerProfiles] | None = None,
 ) -> dict[str, Any]:
+    """One scheduler's phase. `load`: the processes of the load (this benchmark's creates and
+    watches, the stand-in), whose CPU over the burst is reported beside the scheduler's."""
     core = client.CoreV1Api(api)
     await core.create_namespace(cast(client.V1Namespace, {"metadata": {"name": namespace}}))
     backlog = [f"backlog-{i}" for i in range(args.pods)]
@@ -351,19 +360,16 @@ async def measure(
         await binds.wait(keys, done=True)
         backlog_server = servers.total_cpu_seconds() - sum(server_before.values())
 
-        burst = [f"burst-{i}" for i in range(args.pods)]
-        keys = [f"{namespace}/{n}" for n in burst]
-        burst_server_before = servers.total_cpu_seconds()
-        burst_counts_before = servers.counts()
-        started = time.monotonic()
-        created = await create_pods(core, namespace, burst, scheduler.name, shape=args.pod_shape)
-        await binds.wait(keys)
-        bound = {n: binds.at[f"{namespace}/{n}"] for n in burst}
-        burst_rate = len(burst) / (max(bound.values()) - started)
-        latencies = [bound[n] - created[n] for n in burst]
-        await binds.wait(keys, done=True)
-        burst_server = servers.total_cpu_seconds() - burst_server_before
-        burst_counts = since(burst_counts_before, servers.counts())
+        burst = await measure_burst(
+            core,
+            binds,
+            scheduler.name,
+            namespace,
+            args,
+            servers=servers,
+            clients={**load, "scheduler": pid},
+            profile=profile,
+        )
 
         single = []
         for number in range(args.single):
@@ -391,18 +397,11 @@ async def measure(
         "backlog_bound_per_s": round(backlog_rate),
         "backlog_cpu_s_per_1000_pods": round(cpu_per_1000, 2),
         "backlog_server_cpu_s_per_1000_pods": round(backlog_server / args.pods * 1000, 2),
-        "burst_server_cpu_s_per_1000_pods": round(burst_server / args.pods * 1000, 2),
         "server_cpu_s_per_1000_pods": round(sum(server_phase.values()) / pods * 1000, 2),
         "apiserver_cpu_s_per_1000_pods": round(server_phase["kube-apiserver"] / pods * 1000, 2),
         "etcd_cpu_s_per_1000_pods": round(server_phase["etcd"] / pods * 1000, 2),
         **{f"{what}_per_pod": round(counts[what] / pods, 2) for what in SERVER_COUNTED},
-        **{
-            f"burst_{what}_per_pod": round(burst_counts[what] / args.pods, 2)
-            for what in SERVER_COUNTED
-        },
-        "burst_bound_per_s": round(burst_rate),
-        "burst_create_to_bound_p50_ms": round(statistics.median(latencies) * 1000),
-        "burst_create_to_bound_p99_ms": round(percentile(latencies, 0.99) * 1000),
+        **burst,
         "single_create_to_bound_p50_ms": round(statistics.median(single) * 1000, 1),
         "single_create_to_bound_p99_ms": round(percentile(single, 0.99) * 1000, 1),
         "rss_mib": memory,
@@ -412,6 +411,63 @@ async def measure(
             if count / pods >= 0.01
         },
     }
+
+
+async def measure_burst(
+    core: client.CoreV1Api,
+    binds: Binds,
+    scheduler: str,
+    namespace: str,
+    args: argparse.Namespace,
+    *,
+    servers: Servers,
+    clients: Mapping[str, int],
+    profile: ServerProfiles | None,
+) -> dict[str, Any]:
+    """P pods created while `scheduler` runs: its rate, latencies, the servers' CPU and
+    counts per pod until every pod is done, and, until the last is bound, the CPU per pod of
+    each of `clients` and each CPU's busy share (which of the cores bounds the rate); how long
+    after its bind each pod's Scheduled Event was seen."""
+    names = [f"burst-{i}" for i in range(args.pods)]
+    keys = [f"{namespace}/{n}" for n in names]
+    server_before = servers.total_cpu_seconds()
+    counts_before = servers.counts()
+    cpus_before = cpu_times()
+    clients_before = cpu_of(clients)
+    started = time.monotonic()
+
+    tracing = asyncio.create_task(profile.trace("burst")) if profile is not None else None
+    created = await create_pods(core, namespace, names, scheduler, shape=args.pod_shape)
+    await binds.wait(keys)
+    if tracing is not None:
+        await tracing
+    cpus = cpu_busy(cpus_before, cpu_times())
+    clients_cpu = {name: s - clients_before[name] for name, s in cpu_of(clients).items()}
+    bound = {n: binds.at[f"{namespace}/{n}"] for n in names}
+    rate = len(names) / (max(bound.values()) - started)
+    latencies = [bound[n] - created[n] for n in names]
+    await binds.wait(keys, done=True)
+    server = servers.total_cpu_seconds() - server_before
+    counts = since(counts_before, servers.counts())
+    announced = [binds.announced[f"{namespace}/{n}"] - bound[n] for n in names]
+    return {
+        "burst_server_cpu_s_per_1000_pods": round(server / args.pods * 1000, 2),
+        **{f"burst_{what}_per_pod": round(counts[what] / args.pods, 2) for what in SERVER_COUNTED},
+        "burst_bound_per_s": round(rate),
+        **{
+            f"burst_{name}_cpu_s_per_1000_pods": round(seconds / args.pods * 1000, 2)
+            for name, seconds in clients_cpu.items()
+        },
+        "burst_cpu_busy": {str(cpu): share for cpu, share in cpus.items()},
+        "burst_create_to_bound_p50_ms": round(statistics.median(latencies) * 1000),
+        "burst_create_to_bound_p99_ms": round(percentile(latencies, 0.99) * 1000),
+        "burst_bound_to_event_p50_ms": round(statistics.median(announced) * 1000),
+        "burst_bound_to_event_p99_ms": round(percentile(announced, 0.99) * 1000),
+    }
+
+
+def cpu_of(pids: Mapping[str, int]) -> dict[str, float]:
+    return {name: cpu_seconds(pid) for name, pid in pids.items()}
 
 
 SERVER_SHORT = {"kube-apiserver": "apiserver", "etcd": "etcd"}
@@ -493,7 +549,7 @@ class Servers:
     """etcd's client URL (its metrics, its profiles)."""
 
     def cpu_seconds(self) -> dict[str, float]:
-        return {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        return cpu_of(self.pids)
 
     def total_cpu_seconds(self) -> float:
         return sum(self.cpu_seconds().values())
@@ -510,6 +566,9 @@ class Servers:
 PROFILE_CHUNK_S = 5
 """pprof's CPU profile covers a duration given up front; a phase's is taken in chunks this long
 (the one under way when the phase ends is dropped) and merged."""
+TRACE_AFTER_S, TRACE_S = 2, 3
+"""The apiserver's execution trace in a burst: from 2 s in (its creates and binds under way)
+for 3 s (a few MiB; `bench/tracewake` reads what woke it and its system calls)."""
 
 
 class ServerProfiles:
@@ -531,6 +590,20 @@ class ServerProfiles:
         await self._snapshot_allocs("before")
         self._tasks = [asyncio.create_task(self._collect(server)) for server in self._chunks]
 
+    async def trace(self, moment: str) -> None:
+        """The apiserver's execution trace (`go tool trace`: each goroutine's runs, waits and
+        system calls) over TRACE_S seconds, TRACE_AFTER_S into `moment`, into
+        `<directory>/<phase>-kube-apiserver-<moment>.trace`; what went wrong is said on stderr."""
+        await asyncio.sleep(TRACE_AFTER_S)
+        try:
+            async with aiohttp.ClientSession() as session:
+                body = await self._fetch("kube-apiserver", session, "trace")
+        except (aiohttp.ClientError, client.ApiException, RuntimeError, OSError) as failed:
+            print(f"{self._phase}: no trace of the {moment}: {failed!r}", file=sys.stderr)
+            return
+        out = self._directory / f"{self._phase}-kube-apiserver-{moment}.trace"
+        await asyncio.to_thread(out.write_bytes, body)
+
     def _allocs(self, server: str, when: str) -> Path:
         return self._directory / f"{self._phase}-{server}-allocs-{when}"
 
@@ -543,10 +616,13 @@ class ServerProfiles:
     async def _fetch(
         self, server: str, session: aiohttp.ClientSession, profile: str = "profile"
     ) -> bytes:
-        """A profile of `server`: CPU over the next chunk, or its allocations since it began
-        (`allocs`: after a collection, for the profile shows them as of the last one)."""
+        """A profile of `server`: CPU over the next chunk, its execution trace (`trace`), or its
+        allocations since it began (`allocs`: after a collection, for the profile shows them as
+        of the last one)."""
         query = f"/debug/pprof/{profile}"
-        query += f"?seconds={PROFILE_CHUNK_S}" if profile == "profile" else "?gc=1"
+        query += {"profile": f"?seconds={PROFILE_CHUNK_S}", "trace": f"?seconds={TRACE_S}"}.get(
+            profile, "?gc=1"
+        )
         if server == "etcd":
             async with session.get(self._etcd + query) as answer:
                 answer.raise_for_status()
@@ -900,6 +976,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 str(plane.kubeconfig),
                 *(["--same-pods"] if args.same_pods else []),
             )
+            load = {"benchmark": os.getpid(), "stand_in": stand_in.pid}
             raised = KubeScheduler(
                 workdir,
                 as_kube_scheduler,
@@ -925,7 +1002,14 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 for scheduler in pair:
                     namespace = f"{scheduler.label}-{number}"
                     measured[scheduler.label] = await measure(
-                        api, binds, scheduler, args, namespace, servers=servers, profiles=profiles
+                        api,
+                        binds,
+                        scheduler,
+                        args,
+                        namespace,
+                        servers=servers,
+                        load=load,
+                        profiles=profiles,
                     )
                     print(f"round {number}, {scheduler.label}: {measured[scheduler.label]}")
                 rounds.append(measured)
@@ -937,7 +1021,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 leader_elect=args.leader_elect,
             )
             results[default.label] = await measure(
-                api, binds, default, args, default.label, servers=servers
+                api, binds, default, args, default.label, servers=servers, load=load
             )
             print(f"{default.label}: {results[default.label]}", flush=True)
             for task in watchers:

@@ -46,6 +46,31 @@ def process_counts(pid: int) -> dict[str, int]:
     return counts
 
 
+def cpu_times() -> dict[int, tuple[int, int]]:
+    """Each CPU's busy and total time so far (in clock ticks; /proc/stat), by CPU number:
+    busy is everything but idle and I/O wait."""
+    times: dict[int, tuple[int, int]] = {}
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, *fields = line.split()
+        if not name.startswith("cpu") or name == "cpu":
+            continue
+        ticks = [int(field) for field in fields[:8]]  # user .. steal; guest is inside user
+        idle = ticks[3] + ticks[4]
+        times[int(name[3:])] = (sum(ticks) - idle, sum(ticks))
+    return times
+
+
+def cpu_busy(
+    before: dict[int, tuple[int, int]], now: dict[int, tuple[int, int]]
+) -> dict[int, float]:
+    """Each CPU's busy share between two `cpu_times` (0 to 1)."""
+    return {
+        cpu: round((busy - before[cpu][0]) / max(total - before[cpu][1], 1), 3)
+        for cpu, (busy, total) in now.items()
+        if cpu in before
+    }
+
+
 def rss_mib(pid: int) -> float:
     """A process's resident memory now (0 when /proc does not say)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

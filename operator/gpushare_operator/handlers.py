@@ -47,8 +47,8 @@ _CONFIG = "gpushare_config"
 _SYNC_TIMEOUT_S = 300.0
 _CONNECTIONS = 64
 """The ApiClient's HTTP/1.1 connections: the reflectors' watches (about 7, each holding one)
-and calls a few at a time (the Lease, the reporter's 4 workers, status writes, evictions),
-but for the reads that follow failed Bindings, which wait their turn."""
+and calls a few at a time (the Lease, the reporter's 4 workers for refusals, status writes,
+evictions), but for the reads that follow failed Bindings, which wait their turn."""
 
 
 def kopf_memo(config: OperatorConfig) -> kopf.Memo:

@@ -8,11 +8,20 @@ Event, its message and count updated as the diagnosis changes (as the event reco
 aggregates), and a new one once it would have expired (the apiserver keeps Events an hour).
 The condition's lastTransitionTime moves only when it turns False.
 
-Reports are queued and written by a few workers of their own, like kube-scheduler's event
-broadcaster: a burst of decisions is bound first and explained right after, instead of
-every report competing with the binds for the apiserver. The queue is bounded; when it
-overflows the oldest report is dropped and logged (the pod itself is unaffected). A write
-that gets no answer, or a busy answer, is tried again for a few seconds (`retry.WRITE`).
+Reports are queued and written by workers of their own, so that a burst of decisions is bound
+first and explained right after, in two lanes:
+- Events that stand alone (`Scheduled`, preemption, over-use): one POST each over the HTTP/2
+  connection the Bindings use, up to `ANNOUNCERS` at once, as kube-scheduler's event
+  broadcaster sends each from a goroutine of its own. With a few writers instead, a burst's
+  Events reached the apiserver one by one, each its own etcd transaction: the apiserver went
+  idle and was woken 5 to 7 times as often per pod as for kube-scheduler's, and etcd read
+  1.4 times as often (docs/benchmarks.md).
+- Reports on a pod that cannot be placed (its PodScheduled condition, then its
+  FailedScheduling Event): a few workers (`WORKERS`), for they hold the HTTP/1.1 connections
+  the Lease and the watches share.
+Each lane's queue is bounded; when one overflows its oldest report is dropped and logged (the
+pod itself is unaffected). A write that gets no answer, or a busy answer, is tried again for a
+few seconds (`retry.WRITE`).
 """
 
 from __future__ import annotations
@@ -49,41 +58,70 @@ class _Posted:
     at: float
 
 
+WORKERS = 4
+ANNOUNCERS = 64
+"""Below the HTTP/2 connection's 100 streams (`gpushare.kube.http2.STREAMS`): Bindings keep
+the rest."""
+
+
+class _Lane:
+    """Reports written by `workers` workers in the order they were queued."""
+
+    def __init__(self, name: str, *, workers: int, max_queued: int) -> None:
+        self.name = name
+        self.workers = workers
+        self.max_queued = max_queued
+        self._queue: deque[tuple[PodRef, _Report]] = deque()
+        self._ready = asyncio.Event()
+        self._log = logs.get("reporting")
+
+    def enqueue(self, pod: PodRef, report: _Report) -> None:
+        if len(self._queue) >= self.max_queued:
+            dropped, _ = self._queue.popleft()
+            self._log.warning(
+                "report_dropped", pod=str(dropped), lane=self.name, queued=len(self._queue)
+            )
+        self._queue.append((pod, report))
+        self._ready.set()
+
+    async def next(self) -> tuple[PodRef, _Report]:
+        while not self._queue:
+            self._ready.clear()
+            await self._ready.wait()
+        return self._queue.popleft()
+
+
 class Reporter:
-    def __init__(self, api: SchedulerApi, *, workers: int = 4, max_queued: int = 10000) -> None:
+    def __init__(
+        self,
+        api: SchedulerApi,
+        *,
+        workers: int = WORKERS,
+        announcers: int = ANNOUNCERS,
+        max_queued: int = 10000,
+    ) -> None:
         self._api = api
         self._last: dict[PodUid, str] = {}
         self._failed: dict[PodUid, _Posted] = {}
-        self._queue: deque[tuple[PodRef, _Report]] = deque()
-        self._ready = asyncio.Event()
-        self.workers = workers
-        self.max_queued = max_queued
+        self._refusals = _Lane("refusals", workers=workers, max_queued=max_queued)
+        self._events = _Lane("events", workers=announcers, max_queued=max_queued)
         self._log = logs.get("reporting")
 
     async def run(self) -> None:
         """Write queued reports until cancelled."""
         async with asyncio.TaskGroup() as group:
-            for number in range(self.workers):
-                group.create_task(self._work(), name=f"reporter {number}")
+            for lane in (self._refusals, self._events):
+                for number in range(lane.workers):
+                    group.create_task(self._work(lane), name=f"reporter {lane.name} {number}")
 
-    async def _work(self) -> None:
+    async def _work(self, lane: _Lane) -> None:
         while True:
-            while not self._queue:
-                self._ready.clear()
-                await self._ready.wait()
-            pod, report = self._queue.popleft()
+            pod, report = await lane.next()
             try:
                 await report()
             except (ApiError, OSError, TimeoutError) as error:
                 self._last.pop(pod.uid, None)  # reported again on its next attempt
                 self._log.warning("report_failed", pod=str(pod), error=str(error))
-
-    def _enqueue(self, pod: PodRef, report: _Report) -> None:
-        if len(self._queue) >= self.max_queued:
-            dropped, _ = self._queue.popleft()
-            self._log.warning("report_dropped", pod=str(dropped), queued=len(self._queue))
-        self._queue.append((pod, report))
-        self._ready.set()
 
     def unschedulable(
         self,
@@ -141,7 +179,7 @@ class Reporter:
                 version, transition = still_pending
             await self._failed_scheduling(pod, message)
 
-        self._enqueue(pod, report)
+        self._refusals.enqueue(pod, report)
 
     async def _failed_scheduling(self, pod: PodRef, message: str) -> None:
         posted = self._failed.get(pod.uid)
@@ -183,7 +221,7 @@ class Reporter:
                 )
             )
 
-        self._enqueue(pod, report)
+        self._events.enqueue(pod, report)
 
     def event(self, pod: PodRef, reason: str, message: str, *, warning: bool = False) -> None:
         """An Event on the pod (over-use, preemption), written by the workers as the rest."""
@@ -196,7 +234,7 @@ class Reporter:
                 )
             )
 
-        self._enqueue(pod, report)
+        self._events.enqueue(pod, report)
 
     def forget(self, uid: PodUid) -> None:
         self._last.pop(uid, None)

@@ -12,7 +12,7 @@ import pytest
 
 from gpushare.kube import ApiError
 from gpushare.model import PodRef, PodUid
-from gpushare_operator.reporting import FAILED_SCHEDULING, Reporter
+from gpushare_operator.reporting import ANNOUNCERS, FAILED_SCHEDULING, WORKERS, Reporter
 
 pytestmark = pytest.mark.asyncio
 
@@ -193,3 +193,69 @@ async def test_an_older_reason_never_overwrites_a_newer_one_that_landed_first() 
     conditions = [detail for what, detail in api.writes if what == "condition"]
     assert conditions[-1][0] == Overtaken.NEWER
     assert ("event", (FAILED_SCHEDULING, Overtaken.OLDER)) not in api.writes
+
+
+class Held(Api):
+    """Every write waits until `release` is set; `most` is the most in flight at once."""
+
+    def __init__(self) -> None:
+        super().__init__(pod=read(node=None))
+        self.release = asyncio.Event()
+        self.in_flight = 0
+        self.most = 0
+
+    async def _held(self, what: str, detail: Any) -> None:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        self._answer(what, detail)
+        await self.release.wait()
+        self.in_flight -= 1
+
+    async def post_event(self, pod: PodRef, *, event_type: str, reason: str, message: str) -> str:
+        await self._held("event", (reason, message))
+        return f"{pod.name}.1"
+
+    async def set_unschedulable(
+        self, pod: PodRef, reason: str, message: str, version: int | None, **__: Any
+    ) -> None:
+        await self._held("condition", (message, version))
+
+
+def pods(count: int, prefix: str) -> list[PodRef]:
+    return [
+        PodRef(namespace="team-a", name=f"{prefix}-{n}", uid=PodUid(f"{prefix}-{n}"))
+        for n in range(count)
+    ]
+
+
+async def test_a_bursts_scheduled_events_are_sent_side_by_side_refusals_a_few_at_a_time() -> None:
+    # A slow apiserver: the burst's Scheduled Events go out together, as kube-scheduler's do,
+    # not one after another; refusals, on the connections the Lease shares, four at a time.
+    api = Held()
+    reporter = Reporter(api)  # type: ignore[arg-type]
+    running = asyncio.create_task(reporter.run())
+    try:
+        for pod in pods(100, "bound"):
+            reporter.bound(pod, "node-1", None)
+        for pod in pods(10, "pending"):
+            reporter.unschedulable(pod, "no room", 1, already=False)
+        async with asyncio.timeout(5):
+            while len(api.writes) < ANNOUNCERS + WORKERS:
+                api.wrote.clear()
+                await api.wrote.wait()
+        for _ in range(20):  # nothing more is sent while these are held
+            await asyncio.sleep(0)
+        assert api.most == ANNOUNCERS + WORKERS
+        assert sum(what == "condition" for what, _ in api.writes) == WORKERS
+        api.release.set()
+        async with asyncio.timeout(5):
+            while len(api.writes) < 100 + 2 * 10:  # every Event, every condition and its Event
+                api.wrote.clear()
+                await api.wrote.wait()
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+    announced = [
+        detail for what, detail in api.writes if what == "event" and detail[0] == "Scheduled"
+    ]
+    assert len(announced) == 100
