@@ -437,12 +437,16 @@ async def measure_burst(
     started = time.monotonic()
 
     tracing = asyncio.create_task(profile.trace("burst")) if profile is not None else None
-    created = await create_pods(core, namespace, names, scheduler, shape=args.pod_shape)
-    await binds.wait(keys)
-    if tracing is not None:
-        await tracing
-    cpus = cpu_busy(cpus_before, cpu_times())
-    clients_cpu = {name: s - clients_before[name] for name, s in cpu_of(clients).items()}
+    try:
+        created = await create_pods(core, namespace, names, scheduler, shape=args.pod_shape)
+        await binds.wait(keys)
+        cpus = cpu_busy(cpus_before, cpu_times())
+        clients_cpu = {name: s - clients_before[name] for name, s in cpu_of(clients).items()}
+        if tracing is not None:
+            await tracing
+    finally:
+        if tracing is not None:
+            tracing.cancel()
     bound = {n: binds.at[f"{namespace}/{n}"] for n in names}
     rate = len(names) / (max(bound.values()) - started)
     latencies = [bound[n] - created[n] for n in names]

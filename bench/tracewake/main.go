@@ -20,7 +20,7 @@ import (
 )
 
 // Frames of these packages say how, not for whom: a call site is named by the first others.
-var plumbing = []string{"runtime.", "syscall.", "internal/", "poll.", "net.", "os.", "bufio.", "tls.", "sync."}
+var plumbing = []string{"runtime.", "syscall.", "poll.", "net.", "os.", "bufio.", "tls.", "sync."}
 
 func site(stack trace.Stack, depth int) string {
 	var names []string
@@ -45,10 +45,10 @@ type tally struct {
 }
 
 func main() {
-	top := flag.Int("top", 15, "rows per table")
+	top := flag.Int("top", 15, "rows per table (1 or more)")
 	flag.Parse()
-	if flag.NArg() != 1 {
-		fmt.Fprintln(os.Stderr, "usage: tracewake [-top N] FILE.trace")
+	if flag.NArg() != 1 || *top < 1 {
+		fmt.Fprintln(os.Stderr, "usage: tracewake [-top N] FILE.trace (N at least 1)")
 		os.Exit(2)
 	}
 	file, err := os.Open(flag.Arg(0))
@@ -71,6 +71,7 @@ func main() {
 	syscalls := map[string]*tally{}
 	wakeups := map[string]*tally{}
 	var first, last trace.Time
+	seen := false
 	for {
 		event, err := reader.ReadEvent()
 		if err == io.EOF {
@@ -80,8 +81,8 @@ func main() {
 			fmt.Fprintf(os.Stderr, "%s: %v\n", flag.Arg(0), err)
 			os.Exit(1)
 		}
-		if first == 0 {
-			first = event.Time()
+		if !seen {
+			first, seen = event.Time(), true
 		}
 		last = event.Time()
 		if event.Kind() != trace.EventStateTransition {
@@ -104,14 +105,22 @@ func main() {
 		case to == trace.GoWaiting:
 			waitingFor[goroutine] = transition.Reason + ": " + site(event.Stack(), 2)
 		case from == trace.GoWaiting && to == trace.GoRunnable:
+			waited, known := waitingFor[goroutine]
+			if !known {
+				waited = "(waiting since before the trace)"
+			}
 			by := "the network poller or a timer"
 			if event.Goroutine() != trace.NoGoroutine {
 				by = site(event.Stack(), 2)
 			}
-			add(wakeups, waitingFor[goroutine]+"  woken by  "+by, 0)
+			add(wakeups, waited+"  woken by  "+by, 0)
 		}
 	}
 	seconds := float64(last-first) / 1e9
+	if seconds <= 0 {
+		fmt.Fprintf(os.Stderr, "%s: the trace spans no time (fewer than two events); take a longer one\n", flag.Arg(0))
+		os.Exit(1)
+	}
 	fmt.Printf("%s: %.2f s traced\n", flag.Arg(0), seconds)
 	show("system calls by where they were made (per second, and ms in them per second)", syscalls, seconds, *top, true)
 	show("goroutines woken, by what they waited for and what woke them (per second)", wakeups, seconds, *top, false)
@@ -134,7 +143,7 @@ func show(title string, tallies map[string]*tally, seconds float64, top int, tim
 	}
 	fmt.Printf("\n%s: %.0f per second in all\n", title, float64(total)/seconds)
 	keys := slices.SortedFunc(maps.Keys(tallies), func(a, b string) int {
-		return cmp.Compare(tallies[b].count, tallies[a].count)
+		return cmp.Or(cmp.Compare(tallies[b].count, tallies[a].count), strings.Compare(a, b))
 	})
 	for _, key := range keys[:min(top, len(keys))] {
 		counted := tallies[key]

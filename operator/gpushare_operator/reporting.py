@@ -8,20 +8,21 @@ Event, its message and count updated as the diagnosis changes (as the event reco
 aggregates), and a new one once it would have expired (the apiserver keeps Events an hour).
 The condition's lastTransitionTime moves only when it turns False.
 
-Reports are queued and written by workers of their own, so that a burst of decisions is bound
-first and explained right after, in two lanes:
+Reports are queued and written by workers of their own, in two lanes:
 - Events that stand alone (`Scheduled`, preemption, over-use): one POST each over the HTTP/2
-  connection the Bindings use, up to `ANNOUNCERS` at once, as kube-scheduler's event
-  broadcaster sends each from a goroutine of its own. With a few writers instead, a burst's
-  Events reached the apiserver one by one, each its own etcd transaction: the apiserver went
-  idle and was woken 5 to 7 times as often per pod as for kube-scheduler's, and etcd read
-  1.4 times as often (docs/benchmarks.md).
+  connection the Bindings use, up to `EVENT_WORKERS` at once, as kube-scheduler's event
+  broadcaster sends each from a goroutine of its own. With 4 writers instead, a burst's
+  Scheduled Events trailed its binds by seconds (6.9 s at the median) and went out after
+  them one by one into idle servers: the apiserver was woken 4 to 7.5 times as often per pod
+  as for kube-scheduler's, and etcd spent 1.2 to 1.6 times its CPU per pod
+  (docs/benchmarks.md).
 - Reports on a pod that cannot be placed (its PodScheduled condition, then its
-  FailedScheduling Event): a few workers (`WORKERS`), for they hold the HTTP/1.1 connections
-  the Lease and the watches share.
+  FailedScheduling Event): `REFUSAL_WORKERS`, for the condition's writes and reads hold
+  connections of the HTTP/1.1 pool that the Lease and the watches share.
 Each lane's queue is bounded; when one overflows its oldest report is dropped and logged (the
-pod itself is unaffected). A write that gets no answer, or a busy answer, is tried again for a
-few seconds (`retry.WRITE`).
+pod itself is unaffected; a refusal dropped, or failed, is reported on the pod's next
+attempt). A write that gets no answer, or a busy answer, is tried again for a few seconds
+(`retry.WRITE`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -58,37 +58,38 @@ class _Posted:
     at: float
 
 
-WORKERS = 4
-ANNOUNCERS = 64
-"""Below the HTTP/2 connection's 100 streams (`gpushare.kube.http2.STREAMS`): Bindings keep
-the rest."""
+REFUSAL_WORKERS = 4
+EVENT_WORKERS = 64
+"""With the refusals' FailedScheduling Events, at most 68 of the HTTP/2 connection's 100
+streams (`gpushare.kube.http2.STREAMS`) hold Events; the Bindings wait for a stream in turn
+with them, so a burst's binds are never held to fewer than 32 at once."""
 
 
 class _Lane:
-    """Reports written by `workers` workers in the order they were queued."""
+    """Reports written by `workers` workers in the order they were queued; `lost` is told of
+    each report dropped from a full queue or failed."""
 
-    def __init__(self, name: str, *, workers: int, max_queued: int) -> None:
+    def __init__(
+        self, name: str, *, workers: int, max_queued: int, lost: Callable[[PodRef], object]
+    ) -> None:
         self.name = name
         self.workers = workers
         self.max_queued = max_queued
-        self._queue: deque[tuple[PodRef, _Report]] = deque()
-        self._ready = asyncio.Event()
+        self.lost = lost
+        self._queue: asyncio.Queue[tuple[PodRef, _Report]] = asyncio.Queue()
         self._log = logs.get("reporting")
 
     def enqueue(self, pod: PodRef, report: _Report) -> None:
-        if len(self._queue) >= self.max_queued:
-            dropped, _ = self._queue.popleft()
+        if self._queue.qsize() >= self.max_queued:
+            dropped, _ = self._queue.get_nowait()
             self._log.warning(
-                "report_dropped", pod=str(dropped), lane=self.name, queued=len(self._queue)
+                "report_dropped", pod=str(dropped), lane=self.name, queued=self._queue.qsize()
             )
-        self._queue.append((pod, report))
-        self._ready.set()
+            self.lost(dropped)
+        self._queue.put_nowait((pod, report))  # wakes one idle worker, not all
 
     async def next(self) -> tuple[PodRef, _Report]:
-        while not self._queue:
-            self._ready.clear()
-            await self._ready.wait()
-        return self._queue.popleft()
+        return await self._queue.get()
 
 
 class Reporter:
@@ -96,15 +97,20 @@ class Reporter:
         self,
         api: SchedulerApi,
         *,
-        workers: int = WORKERS,
-        announcers: int = ANNOUNCERS,
         max_queued: int = 10000,
     ) -> None:
         self._api = api
         self._last: dict[PodUid, str] = {}
         self._failed: dict[PodUid, _Posted] = {}
-        self._refusals = _Lane("refusals", workers=workers, max_queued=max_queued)
-        self._events = _Lane("events", workers=announcers, max_queued=max_queued)
+        self._refusals = _Lane(
+            "refusals",
+            workers=REFUSAL_WORKERS,
+            max_queued=max_queued,
+            lost=lambda pod: self._last.pop(pod.uid, None),  # reported on its next attempt
+        )
+        self._events = _Lane(
+            "events", workers=EVENT_WORKERS, max_queued=max_queued, lost=lambda _: None
+        )
         self._log = logs.get("reporting")
 
     async def run(self) -> None:
@@ -120,8 +126,8 @@ class Reporter:
             try:
                 await report()
             except (ApiError, OSError, TimeoutError) as error:
-                self._last.pop(pod.uid, None)  # reported again on its next attempt
-                self._log.warning("report_failed", pod=str(pod), error=str(error))
+                lane.lost(pod)
+                self._log.warning("report_failed", pod=str(pod), lane=lane.name, error=str(error))
 
     def unschedulable(
         self,
@@ -177,7 +183,8 @@ class Reporter:
                     self._last.pop(pod.uid, None)  # its next refusal reports
                     return
                 version, transition = still_pending
-            await self._failed_scheduling(pod, message)
+            if self._last.get(pod.uid) == message:  # else bound meanwhile, or a newer reason
+                await self._failed_scheduling(pod, message)
 
         self._refusals.enqueue(pod, report)
 
@@ -201,7 +208,8 @@ class Reporter:
                 pod, event_type="Warning", reason=FAILED_SCHEDULING, message=message
             )
         )
-        if name:  # else its next reason posts a new one
+        # Not for a pod bound (or forgotten) while the Event was written: its record is gone.
+        if name and pod.uid in self._last:  # else its next reason posts a new one
             self._failed[pod.uid] = _Posted(name=name, count=1, at=time.monotonic())
 
     def bound(self, pod: PodRef, node: str, placement: Placement | None) -> None:
@@ -224,7 +232,7 @@ class Reporter:
         self._events.enqueue(pod, report)
 
     def event(self, pod: PodRef, reason: str, message: str, *, warning: bool = False) -> None:
-        """An Event on the pod (over-use, preemption), written by the workers as the rest."""
+        """An Event on the pod (over-use, preemption), written as the Scheduled ones are."""
         event_type = "Warning" if warning else "Normal"
 
         async def report() -> None:

@@ -11,8 +11,15 @@ from typing import Any
 import pytest
 
 from gpushare.kube import ApiError
+from gpushare.kube.http2 import STREAMS
 from gpushare.model import PodRef, PodUid
-from gpushare_operator.reporting import ANNOUNCERS, FAILED_SCHEDULING, WORKERS, Reporter
+from gpushare_operator.reporting import (
+    EVENT_WORKERS,
+    FAILED_SCHEDULING,
+    REFUSAL_WORKERS,
+    SCHEDULED,
+    Reporter,
+)
 
 pytestmark = pytest.mark.asyncio
 
@@ -230,7 +237,7 @@ def pods(count: int, prefix: str) -> list[PodRef]:
 
 async def test_a_bursts_scheduled_events_are_sent_side_by_side_refusals_a_few_at_a_time() -> None:
     # A slow apiserver: the burst's Scheduled Events go out together, as kube-scheduler's do,
-    # not one after another; refusals, on the connections the Lease shares, four at a time.
+    # not one after another; refusals, on the connections the Lease shares, a few at a time.
     api = Held()
     reporter = Reporter(api)  # type: ignore[arg-type]
     running = asyncio.create_task(reporter.run())
@@ -240,13 +247,13 @@ async def test_a_bursts_scheduled_events_are_sent_side_by_side_refusals_a_few_at
         for pod in pods(10, "pending"):
             reporter.unschedulable(pod, "no room", 1, already=False)
         async with asyncio.timeout(5):
-            while len(api.writes) < ANNOUNCERS + WORKERS:
+            while len(api.writes) < EVENT_WORKERS + REFUSAL_WORKERS:
                 api.wrote.clear()
                 await api.wrote.wait()
         for _ in range(20):  # nothing more is sent while these are held
             await asyncio.sleep(0)
-        assert api.most == ANNOUNCERS + WORKERS
-        assert sum(what == "condition" for what, _ in api.writes) == WORKERS
+        assert api.most == EVENT_WORKERS + REFUSAL_WORKERS < STREAMS  # Bindings keep some
+        assert sum(what == "condition" for what, _ in api.writes) == REFUSAL_WORKERS
         api.release.set()
         async with asyncio.timeout(5):
             while len(api.writes) < 100 + 2 * 10:  # every Event, every condition and its Event
@@ -256,6 +263,33 @@ async def test_a_bursts_scheduled_events_are_sent_side_by_side_refusals_a_few_at
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
     announced = [
-        detail for what, detail in api.writes if what == "event" and detail[0] == "Scheduled"
+        detail for what, detail in api.writes if what == "event" and detail[0] == SCHEDULED
     ]
     assert len(announced) == 100
+
+
+async def test_a_pod_bound_while_its_refusal_is_written_gets_no_failed_scheduling_event() -> None:
+    # The condition's write is answered only after the pod was bound: its FailedScheduling
+    # Event would come after the Scheduled one, which now goes out at once.
+    api = Held()
+    reporter = Reporter(api)  # type: ignore[arg-type]
+    running = asyncio.create_task(reporter.run())
+    try:
+        reporter.unschedulable(POD, "no room", 1, already=False)
+        async with asyncio.timeout(5):
+            while not api.writes:
+                api.wrote.clear()
+                await api.wrote.wait()
+        reporter.bound(POD, "node-1", None)
+        api.release.set()
+        async with asyncio.timeout(5):
+            while len(api.writes) < 2:
+                api.wrote.clear()
+                await api.wrote.wait()
+        for _ in range(50):  # let the refusal's worker finish
+            await asyncio.sleep(0)
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+    assert [what for what, _ in api.writes] == ["condition", "event"]
+    assert api.writes[1][1][0] == SCHEDULED
