@@ -5,7 +5,8 @@ that changed meanwhile; a refused or busy write reported again, never lost in si
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -36,6 +37,17 @@ class Api:
         self.pod = pod
         """What a read of the pod answers (None: it is gone)."""
 
+    async def until(self, done: Callable[[], bool]) -> None:
+        """Until the writes so far make `done` true (5 s at most)."""
+        async with asyncio.timeout(5):
+            while not done():
+                self.wrote.clear()
+                await self.wrote.wait()
+
+    async def reach(self, count: int) -> None:
+        """Until `count` writes were made."""
+        await self.until(lambda: len(self.writes) >= count)
+
     def _answer(self, what: str, detail: Any) -> None:
         self.writes.append((what, detail))
         self.wrote.set()
@@ -59,23 +71,27 @@ class Api:
         self._answer("repeat", (name, message, count))
 
 
+@contextlib.asynccontextmanager
+async def running(api: Api) -> AsyncIterator[Reporter]:
+    """A reporter writing to `api` while the block runs."""
+    reporter = Reporter(api)  # type: ignore[arg-type]  # its four writes are all it makes
+    task = asyncio.create_task(reporter.run())
+    try:
+        yield reporter
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 async def reported(api: Api, *reports: tuple[str, int, int]) -> list[tuple[str, Any]]:
     """Run the reporter over `reports` (message, resourceVersion, the writes made by then),
     one after the other."""
-    reporter = Reporter(api)  # type: ignore[arg-type]  # its four writes are all it makes
-    running = asyncio.create_task(reporter.run())
-    try:
+    async with running(api) as reporter:
         for message, version, writes in reports:
             reporter.unschedulable(POD, message, version, already=False)
-            async with asyncio.timeout(5):
-                while len(api.writes) < writes:
-                    api.wrote.clear()
-                    await api.wrote.wait()
+            await api.reach(writes)
             for _ in range(20):  # let the worker finish the report
                 await asyncio.sleep(0)
-    finally:
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
     return api.writes
 
 
@@ -183,20 +199,12 @@ class Overtaken(Api):
 
 async def test_an_older_reason_never_overwrites_a_newer_one_that_landed_first() -> None:
     api = Overtaken()
-    reporter = Reporter(api)  # type: ignore[arg-type]  # its four writes are all it makes
-    running = asyncio.create_task(reporter.run())
-    try:
+    async with running(api) as reporter:
         reporter.unschedulable(POD, Overtaken.OLDER, 1, already=False)
         reporter.unschedulable(POD, Overtaken.NEWER, 1, already=False)
-        async with asyncio.timeout(5):
-            while ("event", (FAILED_SCHEDULING, Overtaken.NEWER)) not in api.writes:
-                api.wrote.clear()
-                await api.wrote.wait()
+        await api.until(lambda: ("event", (FAILED_SCHEDULING, Overtaken.NEWER)) in api.writes)
         for _ in range(50):  # let the older report's worker finish
             await asyncio.sleep(0)
-    finally:
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
     conditions = [detail for what, detail in api.writes if what == "condition"]
     assert conditions[-1][0] == Overtaken.NEWER
     assert ("event", (FAILED_SCHEDULING, Overtaken.OLDER)) not in api.writes
@@ -239,29 +247,19 @@ async def test_a_bursts_scheduled_events_are_sent_side_by_side_refusals_a_few_at
     # A slow apiserver: the burst's Scheduled Events go out together, as kube-scheduler's do,
     # not one after another; refusals, on the connections the Lease shares, a few at a time.
     api = Held()
-    reporter = Reporter(api)  # type: ignore[arg-type]
-    running = asyncio.create_task(reporter.run())
-    try:
+    async with running(api) as reporter:
         for pod in pods(100, "bound"):
             reporter.bound(pod, "node-1", None)
         for pod in pods(10, "pending"):
             reporter.unschedulable(pod, "no room", 1, already=False)
-        async with asyncio.timeout(5):
-            while len(api.writes) < EVENT_WORKERS + REFUSAL_WORKERS:
-                api.wrote.clear()
-                await api.wrote.wait()
+        await api.reach(EVENT_WORKERS + REFUSAL_WORKERS)
         for _ in range(20):  # nothing more is sent while these are held
             await asyncio.sleep(0)
         assert api.most == EVENT_WORKERS + REFUSAL_WORKERS < STREAMS  # Bindings keep some
         assert sum(what == "condition" for what, _ in api.writes) == REFUSAL_WORKERS
         api.release.set()
-        async with asyncio.timeout(5):
-            while len(api.writes) < 100 + 2 * 10:  # every Event, every condition and its Event
-                api.wrote.clear()
-                await api.wrote.wait()
-    finally:
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
+        # every Event, every condition and its Event
+        await api.reach(100 + 2 * 10)
     announced = [
         detail for what, detail in api.writes if what == "event" and detail[0] == SCHEDULED
     ]
@@ -272,24 +270,13 @@ async def test_a_pod_bound_while_its_refusal_is_written_gets_no_failed_schedulin
     # The condition's write is answered only after the pod was bound: its FailedScheduling
     # Event would come after the Scheduled one, which now goes out at once.
     api = Held()
-    reporter = Reporter(api)  # type: ignore[arg-type]
-    running = asyncio.create_task(reporter.run())
-    try:
+    async with running(api) as reporter:
         reporter.unschedulable(POD, "no room", 1, already=False)
-        async with asyncio.timeout(5):
-            while not api.writes:
-                api.wrote.clear()
-                await api.wrote.wait()
+        await api.reach(1)
         reporter.bound(POD, "node-1", None)
         api.release.set()
-        async with asyncio.timeout(5):
-            while len(api.writes) < 2:
-                api.wrote.clear()
-                await api.wrote.wait()
+        await api.reach(2)
         for _ in range(50):  # let the refusal's worker finish
             await asyncio.sleep(0)
-    finally:
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
     assert [what for what, _ in api.writes] == ["condition", "event"]
     assert api.writes[1][1][0] == SCHEDULED
