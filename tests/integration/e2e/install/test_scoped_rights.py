@@ -166,6 +166,25 @@ async def test_the_device_plugins_token_writes_only_its_own_nodes_objects(
             )
         )
         assert "not gpunodes n2" in foreign
+        # Status subresources: the role grants none, so RBAC refuses them (the policy does not
+        # match them, so that kubelets' status writes do not pay for it).
+        statuses = {
+            "pods/status": lambda **dry: plugin.patch_namespaced_pod_status(
+                "on-n1", "default", {"metadata": {"labels": {"team": "a"}}},
+                _preload_content=False, **dry,
+            ),
+            "nodes/status": lambda **dry: plugin.patch_node_status(
+                "n1", {"metadata": {"labels": {"gpushare": "false"}}},
+                _preload_content=False, **dry,
+            ),
+            "gpunodes/status": lambda **dry: objects.patch_cluster_custom_object_status(
+                contract.INVENTORY_GROUP, contract.INVENTORY_VERSION, contract.INVENTORY_PLURAL,
+                "n1", {"status": {}}, _preload_content=False, **dry,
+            ),
+        }  # fmt: skip
+        for resource, write in statuses.items():
+            refused = await refusal(write)
+            assert f'cannot patch resource "{resource}"' in refused, refused
     # A token bound to no node (a Secret's long-lived token, say) writes nothing.
     loose = token_kubeconfig(
         plane.kubeconfig, tmp_path / "loose", PLUGIN[1], await token(core, PLUGIN)
