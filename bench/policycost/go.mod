@@ -1,4 +1,4 @@
-module gpushare/bench/policycost
+module gpushare.local/bench/policycost
 
 go 1.26.0
 
