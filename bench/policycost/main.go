@@ -81,6 +81,10 @@ func runningPod() *corev1.Pod {
 }
 
 func main() {
+	if len(os.Args) > 1 {
+		fmt.Fprintf(os.Stderr, "policycost takes no arguments (got %q): run it as `go run .`\n", os.Args[1:])
+		os.Exit(2)
+	}
 	pod := runningPod()
 	result := testing.Benchmark(func(b *testing.B) {
 		b.ReportAllocs()
