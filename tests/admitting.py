@@ -11,7 +11,8 @@ from kubernetes_asyncio import client
 from gpushare.kube import ApiError, raw_json
 from gpushare.model import contract
 
-NOT_CONVERTED = "admission webhook did not convert it"
+NOT_ADMITTED = "no gpushare-operator replica answered"
+"""What the policy says of a GPU pod the admission webhook did not answer for."""
 
 
 async def create(core: client.CoreV1Api, body: dict[str, Any]) -> dict[str, Any]:
@@ -23,8 +24,8 @@ async def create(core: client.CoreV1Api, body: dict[str, Any]) -> dict[str, Any]
             return await create_pod(core, body)
         except ApiError as error:
             # The webhook is skipped (failurePolicy Ignore) until the operator has set the
-            # caBundle: the policy then refuses the pod as not converted.
-            if any(m in error.message for m in ("x509", "not yet synced", NOT_CONVERTED)):
+            # caBundle: the policy then refuses the pod as not admitted.
+            if any(m in error.message for m in ("x509", "not yet synced", NOT_ADMITTED)):
                 return None
             raise
 

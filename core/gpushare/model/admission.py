@@ -7,7 +7,8 @@ kubelet writes every allocated device id into the pod's status and compares ever
 every allocation after a restart. At creation each container's gpu-memory limit (and its
 request, which the apiserver has defaulted to it) becomes whole units, rounded up, and two
 annotations keep the unit and the MiB each container asked: the scheduler places the pod only
-on nodes of that unit, the device plugin tells the container its MiB.
+on nodes of that unit, the device plugin tells the container its MiB. Every GPU pod (whole
+cards too) is labelled a GPU pod, the label the apiserver's placement policy selects.
 
 A cluster whose pods already write units (Volcano's `--gpu-memory-factor`) sets
 `spec.podMemoryLimits: Units`: limits are left as they are and the annotations still written.
@@ -24,7 +25,16 @@ from enum import StrEnum
 from typing import Any
 
 from gpushare.model import contract
-from gpushare.model.bodies import Body, annotations_of, describe, mapping, path, sequence, text
+from gpushare.model.bodies import (
+    Body,
+    annotations_of,
+    describe,
+    labels_of,
+    mapping,
+    path,
+    sequence,
+    text,
+)
 from gpushare.model.errors import InvalidAnnotation, InvalidRequest
 from gpushare.model.quantity import parse_quantity
 from gpushare.model.request import GpuKind, gpu_request
@@ -104,6 +114,7 @@ class Admitted:
     units: Mapping[str, int]
     """Container name -> its new gpu-memory limit (and request), in units."""
     annotations: Mapping[str, str]
+    labels: Mapping[str, str]
     scheduler_name: str | None = None
     """The scheduler name to set, when it changes."""
 
@@ -120,9 +131,10 @@ class Admitted:
                     amounts = resources.get(side)
                     if isinstance(amounts, dict) and contract.GPU_MEMORY in amounts:
                         amounts[contract.GPU_MEMORY] = str(units)
-        if self.annotations:
-            metadata = _child(pod, "metadata")
-            metadata["annotations"] = {**(metadata.get("annotations") or {}), **self.annotations}
+        for field, added in (("annotations", self.annotations), ("labels", self.labels)):
+            if added:
+                metadata = _child(pod, "metadata")
+                metadata[field] = {**(metadata.get(field) or {}), **added}
 
 
 def _child(parent: dict[str, Any], key: str) -> dict[str, Any]:
@@ -132,7 +144,7 @@ def _child(parent: dict[str, Any], key: str) -> dict[str, Any]:
     return child
 
 
-NOTHING = Admitted(units={}, annotations={})
+NOTHING = Admitted(units={}, annotations={}, labels={})
 
 
 def admit(pod: Body, settings: AdmissionSettings) -> Admitted:
@@ -145,15 +157,16 @@ def admit(pod: Body, settings: AdmissionSettings) -> Admitted:
         return NOTHING
     who = describe(pod, "pod")
     scheduler_name = _scheduler_name(pod, request.kind, settings, who)
+    labels = _gpu_pod_label(pod)
     if request.kind is GpuKind.NUMBER:
-        return Admitted(units={}, annotations={}, scheduler_name=scheduler_name)
+        return Admitted(units={}, annotations={}, labels=labels, scheduler_name=scheduler_name)
     limits = {c.name: c.amount for c in request.containers}
     try:
         recorded = memory_asked(annotations_of(pod), owner=who)
     except InvalidAnnotation:
         recorded = None  # rewritten below from the limits
     if recorded is not None and _agrees(recorded, limits):
-        return Admitted(units={}, annotations={}, scheduler_name=scheduler_name)
+        return Admitted(units={}, annotations={}, labels=labels, scheduler_name=scheduler_name)
     unit = settings.unit_mib
     if settings.limits_in is LimitsIn.UNITS:
         asked = MemoryAsked(unit_mib=unit, mib={n: a * unit for n, a in limits.items()})
@@ -161,7 +174,16 @@ def admit(pod: Body, settings: AdmissionSettings) -> Admitted:
     else:
         asked = MemoryAsked(unit_mib=unit, mib=limits)
         units = {name: units_for(mib, unit) for name, mib in limits.items()}
-    return Admitted(units=units, annotations=asked.annotations(), scheduler_name=scheduler_name)
+    return Admitted(
+        units=units, annotations=asked.annotations(), labels=labels, scheduler_name=scheduler_name
+    )
+
+
+def _gpu_pod_label(pod: Body) -> dict[str, str]:
+    """The label to set, unless the pod carries it already (re-created from its yaml)."""
+    if labels_of(pod).get(contract.GPU_POD_LABEL) == contract.GPU_POD_LABEL_VALUE:
+        return {}
+    return {contract.GPU_POD_LABEL: contract.GPU_POD_LABEL_VALUE}
 
 
 def _refuse_unequal_or_zero(pod: Body) -> None:

@@ -45,7 +45,15 @@ def path(body: Body, *keys: str) -> Body:
 
 def annotations_of(body: Body) -> Mapping[str, str]:
     """metadata.annotations with non-string values left out."""
-    raw = path(body, "metadata", "annotations")
+    return _strings(path(body, "metadata", "annotations"))
+
+
+def labels_of(body: Body) -> Mapping[str, str]:
+    """metadata.labels with non-string values left out."""
+    return _strings(path(body, "metadata", "labels"))
+
+
+def _strings(raw: Body) -> Mapping[str, str]:
     return {key: value for key, value in raw.items() if isinstance(value, str)}
 
 

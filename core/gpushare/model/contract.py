@@ -52,6 +52,12 @@ MEMORY_UNIT_MIB: Final = "gpushare.io/memory-unit-mib"
 """Pod annotation: the MiB per device its gpu-memory limits were converted to, ``"512"``."""
 GPU_MEMORY_MIB: Final = "gpushare.io/gpu-memory-mib"
 """Pod annotation: the MiB each container asked, ``"cuda-container=1024,sidecar=512"``."""
+GPU_POD_LABEL: Final = "gpushare.io/gpu-pod"
+"""Pod label the admission webhook puts on every GPU pod at creation (`GPU_POD_LABEL_VALUE`):
+the apiserver's placement policy judges the writes of the pods that carry it and of no other
+pod, so a pod without GPUs costs no policy evaluation; the policy keeps it from being removed
+or changed."""
+GPU_POD_LABEL_VALUE: Final = "true"
 
 # Our inventory custom resource: cluster-scoped, one per GPU node, named after the node.
 # Its spec is written by the device plugin, its status by the operator.

@@ -52,6 +52,7 @@ def test_mib_become_whole_units_rounded_up_and_the_mib_asked_is_kept(mib: int, u
         contract.MEMORY_UNIT_MIB: "512",
         contract.GPU_MEMORY_MIB: f"cuda-container={mib}",
     }
+    assert pod["metadata"]["labels"] == {contract.GPU_POD_LABEL: "true"}
 
 
 def test_each_container_keeps_its_own_mib() -> None:
@@ -91,9 +92,24 @@ def test_in_units_mode_limits_stay_and_the_mib_is_recorded() -> None:
     assert pod["metadata"]["annotations"][contract.GPU_MEMORY_MIB] == "cuda-container=1000"
 
 
-def test_whole_cards_and_pods_without_a_gpu_are_left_alone() -> None:
-    assert admit(gpu_pod("cards", number=2), SETTINGS) == NOTHING
+def test_whole_card_pods_are_only_labelled_and_pods_without_a_gpu_are_left_alone() -> None:
+    pod = gpu_pod("cards", number=2)
+    cards = admitted(pod)
+    assert admit(cards, SETTINGS) == NOTHING
+    assert cards["metadata"].pop("labels") == {contract.GPU_POD_LABEL: "true"}
+    assert cards["metadata"] == pod["metadata"]
+    assert cards["spec"]["containers"][0]["resources"]["limits"] == {contract.GPU_NUMBER: "2"}
     assert admit(gpu_pod("plain"), SETTINGS) == NOTHING
+
+
+@pytest.mark.parametrize("value", [None, "false", ""])
+def test_a_gpu_pod_gets_the_gpu_pod_label_whatever_its_author_wrote(value: str | None) -> None:
+    pod = gpu_pod("p", 1024)
+    pod["metadata"]["labels"] = {"app": "train"}
+    if value is not None:
+        pod["metadata"]["labels"][contract.GPU_POD_LABEL] = value
+    labels = admitted(pod)["metadata"]["labels"]
+    assert labels == {"app": "train", contract.GPU_POD_LABEL: "true"}
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from admitting import NOT_CONVERTED, create, limit, ready, refusal
+from admitting import NOT_ADMITTED, create, limit, ready, refusal
 from cluster import bound, create_pod, eventually, gpu_pod, read_pod
 from kubernetes_asyncio import client
 
@@ -43,6 +43,7 @@ async def test_the_guides_pod_is_written_in_mib_runs_in_units_and_is_told_its_mi
     annotations = created["metadata"]["annotations"]
     assert annotations[contract.MEMORY_UNIT_MIB] == str(UNIT)
     assert annotations[contract.GPU_MEMORY_MIB] == "cuda-container=1024"
+    assert created["metadata"]["labels"] == {contract.GPU_POD_LABEL: "true"}
     await bound(core, "gpu-pod1")
     line = await asyncio.to_thread(node.kubelet.wait_started, "default/gpu-pod1", "cuda-container")
     assert line["envs"][contract.ENV_GPU_ALLOCATED] == "1024"
@@ -85,7 +86,7 @@ async def test_with_the_webhook_down_gpu_pods_are_refused_and_other_pods_are_not
             await create_pod(core, gpu_pod("orphan", 1024))
         except ApiError as error:
             message = error.message
-            return NOT_CONVERTED in message
+            return NOT_ADMITTED in message
         # Created before the apiserver loaded the policy: try again.
         await core.delete_namespaced_pod("orphan", "default", grace_period_seconds=0)
         return False
@@ -95,8 +96,11 @@ async def test_with_the_webhook_down_gpu_pods_are_refused_and_other_pods_are_not
     plain = gpu_pod("plain")
     plain["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "100m"}}
     await create_pod(core, plain)
-    # Whole cards need no conversion: not refused for want of it.
-    await create_pod(core, gpu_pod("cards", number=1, nodeSelector={"none": "none"}))
+    # Whole cards need no conversion, but the label that puts their placement under the
+    # placement policy: refused for want of it.
+    cards = await refusal(core, gpu_pod("cards", number=1, nodeSelector={"none": "none"}))
+    assert NOT_ADMITTED in cards
+    assert contract.GPU_POD_LABEL in cards
 
 
 async def test_a_pod_that_bypasses_the_scheduler_is_refused_naming_the_fix(

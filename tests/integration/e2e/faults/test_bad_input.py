@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import pytest
-from admitting import NOT_CONVERTED, ready
+from admitting import NOT_ADMITTED, ready
 from cluster import bound, create_pod, eventually, gpu_pod, read_pod
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
@@ -266,7 +266,7 @@ async def send_pods(tenant: client.CoreV1Api, api: client.ApiClient) -> tuple[in
         )
         if (why := await why_refused(raw_json(create))) is not None:
             refusals.append(why)
-    unclear = [m for m in refusals if not m or NOT_CONVERTED in m]
+    unclear = [m for m in refusals if not m or NOT_ADMITTED in m]
     assert not unclear, (SEED, unclear)
     print(f"refused at admission: {len(refusals)}, e.g. {refusals[:3]}")
     listed = await raw_json(tenant.list_namespaced_pod("default", _preload_content=False))

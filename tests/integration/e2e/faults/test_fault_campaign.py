@@ -24,7 +24,7 @@ Afterwards, every pod is accounted for:
   kubelet started it; or refused by its kubelet, each refusal explained by a fault fired on
   its node (or on the whole cluster) just before; or Unschedulable with a FailedScheduling
   event, where the model, replayed on the final state, finds no room for it; or refused at
-  creation as not converted, while no webhook replica could answer (a fault just before);
+  creation as not admitted, while no webhook replica could answer (a fault just before);
 - no card holds more than it has, counted from what the containers were given; no whole card
   is shared; no card's record differs from its GPUNode status; no bound pod keeps a stale
   PodScheduled=False; every pod on a node was bound by the operator's Binding, as the
@@ -55,7 +55,7 @@ from typing import Any, cast
 import aiohttp
 import pytest
 import yaml
-from admitting import NOT_CONVERTED, ready
+from admitting import NOT_ADMITTED, ready
 from failure_logs import print_logs_now
 from kubernetes_asyncio import client
 
@@ -110,8 +110,8 @@ CLOCK_SKEWS_S = (45, 300)  # the second replica's clock runs ahead: by about a L
 TOP_UP = 8  # pods created when a wave went through before its fault saw work in flight
 # Faults that leave the apiserver no webhook answer to a pod's creation for a moment (each
 # replica's connections end with it; a paused replica answers nothing within the webhook's
-# 5 s; a paused apiserver finds its calls past their deadline when it resumes): the gpu-memory
-# pods created then are refused as not converted, as docs/admission.md says.
+# 5 s; a paused apiserver finds its calls past their deadline when it resumes): the GPU pods
+# created then are refused as not admitted, as docs/admission.md says.
 WEBHOOK_FAULTS = (
     "admission webhook down",
     "leader killed",
@@ -297,7 +297,7 @@ async def test_a_burst_through_crashes_restarts_and_deletions_accounts_for_every
         await ready(core)
 
         created: list[str] = []
-        not_converted: dict[str, float] = {}  # pod: when its creation was refused
+        not_admitted: dict[str, float] = {}  # pod: when its creation was refused
         deleted: set[str] = set()
         gone_nodes: set[str] = set()
         paused_leaders: list[tuple[OperatorProcess, float, float]] = []  # who, from, until
@@ -320,9 +320,9 @@ async def test_a_burst_through_crashes_restarts_and_deletions_accounts_for_every
                             )
                         )
                     except ApiError as error:
-                        if NOT_CONVERTED not in error.message:
+                        if NOT_ADMITTED not in error.message:
                             raise
-                        not_converted[body["metadata"]["name"]] = time.time()
+                        not_admitted[body["metadata"]["name"]] = time.time()
                         return
                 created.append(body["metadata"]["name"])
 
@@ -594,7 +594,7 @@ async def test_a_burst_through_crashes_restarts_and_deletions_accounts_for_every
             core, api, nodes, operators, fired=fired, gone_nodes=gone_nodes, deleted=deleted
         )
         check_bound_by_the_leader(plane, operators, await list_pods(core))
-        check_not_converted(not_converted, fired)
+        check_not_admitted(not_admitted, fired)
         print("writes answered 500 by the test's webhook:", dict(internal_errors.answered))
         if any(f.name == "components answered 500" for f in fired):
             assert internal_errors.answered["refused"], (SEED, "no write was answered 500")
@@ -877,17 +877,17 @@ def causes_of(at: float, faults: list[Fired]) -> list[str]:
     return [f.name for f in faults if f.start - 1 <= at <= f.end + REFUSAL_GRACE_S]
 
 
-def check_not_converted(not_converted: dict[str, float], fired: list[Fired]) -> None:
-    """Each pod refused at creation as not converted was created while a fault left the
+def check_not_admitted(not_admitted: dict[str, float], fired: list[Fired]) -> None:
+    """Each pod refused at creation as not admitted was created while a fault left the
     webhook without a replica to answer."""
     unexplained = {}
     refusals = Counter[str]()
-    for name, at in not_converted.items():
+    for name, at in not_admitted.items():
         causes = causes_of(at, [f for f in fired if f.name in WEBHOOK_FAULTS])
         if not causes:
             unexplained[name] = at
         refusals.update(causes[-1:])
-    print("refused at creation as not converted, by fault:", dict(refusals))
+    print("refused at creation as not admitted, by fault:", dict(refusals))
     assert not unexplained, (SEED, unexplained)
 
 

@@ -77,8 +77,14 @@ async def installed(plane: ControlPlane, api: client.ApiClient) -> client.CoreV1
     return core
 
 
+def labelled(pod: dict[str, Any]) -> dict[str, Any]:
+    """`pod` as the admission webhook leaves it (no operator serves it here)."""
+    pod["metadata"]["labels"] = {contract.GPU_POD_LABEL: contract.GPU_POD_LABEL_VALUE}
+    return pod
+
+
 async def placed(core: client.CoreV1Api, name: str, node: str) -> dict[str, Any]:
-    pod = await create_pod(core, gpu_pod(name, number=1))
+    pod = await create_pod(core, labelled(gpu_pod(name, number=1)))
     await bind_pod(
         core,
         pod,
@@ -92,12 +98,15 @@ def annotate(
     core: client.CoreV1Api,
     name: str,
     annotations: dict[str, str | None],
+    *,
+    field: str = "annotations",
     **dry_run: Any,
 ) -> Awaitable[object]:
+    """A merge patch of the pod's annotations (or of its `field`, "labels")."""
     return core.patch_namespaced_pod(
         name,
         "default",
-        {"metadata": {"annotations": annotations}},
+        {"metadata": {field: annotations}},
         _content_type=MERGE,  # type: ignore[call-arg]
         _preload_content=False,
         **dry_run,
@@ -254,7 +263,7 @@ async def test_a_binding_or_eviction_sent_in_a_lease_term_that_is_over_is_refuse
     the apiserver refuses the writes of the Lease sent in any other."""
     core = installed
     for name in ("late", "other"):
-        await create_pod(core, gpu_pod(name, number=1))
+        await create_pod(core, labelled(gpu_pod(name, number=1)))
     now, over = lease_term("op-b", 4), lease_term("op-a", 3)
     config = await operator_kubeconfig(core, plane.kubeconfig, tmp_path / "operator")
     async with await kube.api_client(config) as api:
@@ -394,7 +403,36 @@ async def test_a_pods_placement_record_is_written_by_gpushare_alone(
     )
     assert "volcano.sh/gpu-index" in status
     await raw_json(annotate(core, "p", {"team": "a"}))  # other annotations are the owner's
-    forged = gpu_pod("forged", number=1)
+    # The label that puts the pod under the policy is part of the record.
+    for value in (None, "false"):
+        relabel = {contract.GPU_POD_LABEL: value}
+        refused = await refusal(
+            lambda r=relabel, **dry: annotate(core, "p", r, field="labels", **dry)
+        )
+        assert "label gpushare.io/gpu-pod of a pod are gpushare's record" in refused, value
+    both = await refusal(
+        lambda **dry: core.patch_namespaced_pod_status(
+            "p",
+            "default",
+            {
+                "metadata": {
+                    "labels": {contract.GPU_POD_LABEL: None},
+                    "annotations": {contract.GPU_INDEX: "2"},
+                }
+            },
+            _preload_content=False,
+            **dry,
+        )
+    )
+    assert "annotation(s) volcano.sh/gpu-index and label gpushare.io/gpu-pod" in both
+    await raw_json(annotate(core, "p", {"team": "a"}, field="labels"))  # other labels too
+    # A pod without GPUs is not judged (its writes cost the apiserver no policy): its
+    # annotations are its owner's, whatever their names.
+    plain = gpu_pod("plain")
+    plain["spec"]["containers"][0]["resources"] = {}
+    await raw_json(create(core, plain))
+    await raw_json(annotate(core, "plain", {contract.GPU_INDEX: "0", contract.GPU_MEMORY_MIB: "x"}))
+    forged = labelled(gpu_pod("forged", number=1))
     forged["metadata"]["annotations"] = {contract.GPU_INDEX: "0"}
     created = await refusal(lambda **dry: create(core, forged, **dry))
     assert "are written by gpushare alone, when it places the pod: remove them" in created
@@ -404,7 +442,7 @@ async def test_no_container_names_its_own_cards_outside_exempt_namespaces(
     installed: client.CoreV1Api, plane: ControlPlane
 ) -> None:
     core = installed
-    pod = gpu_pod("sees-all", number=1)
+    pod = labelled(gpu_pod("sees-all", number=1))
     pod["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
     refused = await refusal(lambda **dry: create(core, pod, **dry))
     assert "container cuda-container sets NVIDIA_VISIBLE_DEVICES" in refused
@@ -424,7 +462,7 @@ async def test_no_container_names_its_own_cards_outside_exempt_namespaces(
     }
     refused = await refusal(lambda **dry: create(core, plain, **dry))
     assert "container c sets VOLCANO_GPU_ALLOCATED" in refused
-    await create_pod(core, gpu_pod("debuggee", number=1))
+    await create_pod(core, labelled(gpu_pod("debuggee", number=1)))
     debug = {
         "spec": {
             "ephemeralContainers": [

@@ -3,7 +3,8 @@ admission policies included), and a tenant, a ServiceAccount with the built-in `
 one namespace and nothing cluster-wide, that tries every edit of the placement record and of
 the GPU env it can think of (hypothesis-generated: every volcano.sh/* placement annotation and
 gpushare.io/* annotation set, changed or removed, through the pod and its subresources, on
-pending, bound and running pods; NVIDIA_* and VOLCANO_GPU_* variables in new pods and in
+pending, bound and running pods, and the label gpushare.io/gpu-pod that puts them under the
+placement policy removed or changed; NVIDIA_* and VOLCANO_GPU_* variables in new pods and in
 ephemeral containers). Each edit is refused at the apiserver, naming the fix, and changes
 nothing; afterwards no card holds more than its size, every running container's env equals
 its grant, and no pod waits without a reason."""
@@ -189,19 +190,29 @@ def gpu_env(tenant: Tenant, name: str) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(("NVIDIA_", "VOLCANO_GPU_"))}
 
 
-def try_edit(tenant: Tenant, name: str, key: str, value: str | None, route: str) -> str:
-    """Try one edit of annotation `key` (None: remove it) through `route`; the refusal."""
-    patch = json.dumps({"metadata": {"annotations": {key: value}}})
-    if route == "annotate":
+def try_edit(
+    tenant: Tenant,
+    name: str,
+    key: str,
+    value: str | None,
+    route: str,
+    *,
+    field: str = "annotations",
+) -> str:
+    """Try one edit of annotation `key` (or label, `field` "labels"; None: remove it) through
+    `route`; the refusal."""
+    patch = json.dumps({"metadata": {field: {key: value}}})
+    if route == "annotate":  # or label
         target = f"{key}-" if value is None else f"{key}={value}"
-        result = tenant.kubectl("annotate", "pod", name, target, "--overwrite")
+        verb = "annotate" if field == "annotations" else "label"
+        result = tenant.kubectl(verb, "pod", name, target, "--overwrite")
     elif route == "replace":
         pod = tenant.pod(name)
-        annotations = pod["metadata"].setdefault("annotations", {})
+        values = pod["metadata"].setdefault(field, {})
         if value is None:
-            annotations.pop(key, None)
+            values.pop(key, None)
         else:
-            annotations[key] = value
+            values[key] = value
         result = tenant.kubectl("replace", "-f", "-", stdin=json.dumps(pod))
     else:  # a merge patch of the pod, or of its status (which may change annotations)
         extra = ["--subresource", "status"] if route == "status" else []
@@ -236,6 +247,33 @@ def test_every_edit_of_a_pods_placement_record_is_refused_and_changes_nothing(
         assert "gpushare" in refusal or "cannot patch resource" in refusal, refusal
         if "gpushare-pod-placement" in refusal:
             assert "delete it and create it anew" in refusal
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    edit=st.tuples(
+        st.sampled_from(["running-a", "running-b", "bound", "pending"]),
+        st.one_of(st.none(), st.sampled_from(["false", "no", "true"])),
+        st.sampled_from(["annotate", "patch", "status", "replace"]),
+    )
+)
+def test_no_edit_takes_a_gpu_pod_out_of_the_placement_policy(
+    tenant: Tenant, pods: dict[str, int], edit: tuple[str, str | None, str]
+) -> None:
+    target, value, route = edit
+    before = tenant.pod(target)["metadata"]["labels"]
+    assert before[contract.GPU_POD_LABEL] == contract.GPU_POD_LABEL_VALUE
+    refusal = try_edit(tenant, target, contract.GPU_POD_LABEL, value, route, field="labels")
+    assert tenant.pod(target)["metadata"]["labels"] == before
+    if value != contract.GPU_POD_LABEL_VALUE:
+        policy = f"label {contract.GPU_POD_LABEL} of a pod are gpushare's record"
+        rbac = 'cannot patch resource "pods/status"'  # `edit` grants no status writes
+        assert policy in refusal or (route == "status" and rbac in refusal), (route, refusal)
 
 
 @settings(
