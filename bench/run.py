@@ -6,7 +6,8 @@ Full run (about 30 minutes on 2 cores): placement decisions/s (5,000 nodes x 8 c
 packing quality against the L2 bound; the operator against kube-scheduler (its client limit
 raised, and at its default) and the raw Binding rate, on one apiserver per size, at 200,
 1,000 and 5,000 fake nodes x 8 cards, each scheduler on its own identity;
-what each write in which the two schedulers differ costs the apiserver and etcd;
+what each write in which the two schedulers differ costs the apiserver and etcd; what the
+placement policy costs a status write of a GPU pod and of a pod without GPUs;
 bursts of pods created at once, packed live against the model placing them one by one;
 gangs of 8 pods (Volcano PodGroups) against single pods, bound per second, on 200 nodes;
 operator start-up rebuild time and memory with 5,000 nodes and 50,000 pods; the operator's
@@ -50,6 +51,7 @@ FULL: dict[str, list[list[str]]] = {
     "scale": [["--nodes", "5000", "--pods", "50000"]],
     "plugin": [["--pods", "500"]],
     "server_cost": [["--writes", "3000", "--rounds", "5"]],
+    "admission_cost": [["--writes", "2000", "--rounds", "3"]],
     "burst": [["--nodes", "50", "--pods", "400"]],
     "gangs": [["--gang-size", "8", "--nodes", "200", "--pods", "1600"]],
     "sweep": [["--nodes", "5000", "--pods", "40000"]],
@@ -62,6 +64,7 @@ QUICK: dict[str, list[list[str]]] = {
     "scale": [["--nodes", "100", "--pods", "1000"]],
     "plugin": [["--pods", "50"]],
     "server_cost": [["--writes", "200", "--rounds", "1", "--pod-shape", "workload"]],
+    "admission_cost": [["--writes", "100", "--rounds", "1", "--pods", "4"]],
     "burst": [["--nodes", "10", "--pods", "80"]],
     "gangs": [["--gang-size", "4", "--nodes", "10", "--pods", "40"]],
     "sweep": [["--nodes", "300", "--pods", "2400", "--sweeps", "2"]],

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -51,6 +50,7 @@ from gpushare.model import contract
 from gpushare_harness import ControlPlane
 from gpushare_harness.benchargs import positive
 from gpushare_harness.benchpods import SHAPES, bench_pod
+from gpushare_harness.benchreport import report
 from gpushare_harness.identities import NAMESPACES, ROLES
 from gpushare_harness.serverstats import counters, cpu_seconds
 
@@ -367,17 +367,7 @@ def main() -> int:
         parser.error(f"--only {args.only} names no variant; they are: {', '.join(VARIANTS)}")
     with tempfile.TemporaryDirectory(prefix="gpushare-cost-") as workdir:
         results = asyncio.run(run(args, Path(workdir)))
-    machine = f"{platform.machine()}, {platform.python_version()}, 2 cores shared by all"
-    print(f"{args.writes} writes per variant, {args.rounds} rounds; {machine}")
-    for label, found in results.items():
-        shown = {k: v for k, v in found.items() if k != "rounds"}
-        print(f"  {label:<45} {shown}")
-    if args.json:
-        args.json.write_text(
-            json.dumps(
-                {"machine": machine, "args": vars(args), "results": results}, indent=2, default=str
-            )
-        )
+    report(f"{args.writes} writes per variant, {args.rounds} rounds", results, args)
     return 0
 
 

@@ -56,6 +56,11 @@ def test_the_quick_benchmarks_run_and_report(tmp_path: Path, control_plane: Cont
         assert cost["apiserver_ms_per_write"] > 0, variant
         # One stored write each (give or take the apiserver's own Lease renewals meanwhile).
         assert abs(cost["etcd Txn per write"] - 1.0) < 0.05, variant
+    judged = report["results"]["admission_cost"][0]["results"]
+    gpu_pod, plain_pod = judged["gpu pod (labelled)"], judged["pod without GPUs"]
+    assert plain_pod["request_us"] > 0
+    # The placement policy's conversions: tens of times a step that judges nothing.
+    assert gpu_pod["policy_step_us"] > 5 * plain_pod["policy_step_us"] > 0
     for ratios in versus["operator_vs_kube_scheduler_per_round"].values():
         assert len(ratios) == 2  # the quick plan's two rounds
         assert all(r > 0 for r in ratios)
