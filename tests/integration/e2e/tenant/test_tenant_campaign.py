@@ -49,6 +49,11 @@ VALUES = st.one_of(
     ),
     st.text(alphabet="abcxyz0123456789,=-", max_size=12),
 )
+PODS_IN_EACH_STATE = st.sampled_from(["running-a", "running-b", "bound", "pending"])
+ROUTES = st.sampled_from(["annotate", "patch", "status", "replace"])
+"""How an edit is sent: kubectl annotate (or label), a merge patch of the pod or of its
+status, a replace of the whole pod."""
+CAMPAIGN = settings(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 GPU_ENV = st.sampled_from(
     [
         contract.ENV_VISIBLE_DEVICES,
@@ -220,18 +225,13 @@ def try_edit(
     return result.stderr if result.returncode else ""
 
 
-@settings(
-    max_examples=40,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@settings(CAMPAIGN, max_examples=40)
 @given(
     edit=st.tuples(
-        st.sampled_from(["running-a", "running-b", "bound", "pending"]),
+        PODS_IN_EACH_STATE,
         st.sampled_from(PLACEMENT_KEYS),
         st.one_of(st.none(), VALUES),
-        st.sampled_from(["annotate", "patch", "status", "replace"]),
+        ROUTES,
     )
 )
 def test_every_edit_of_a_pods_placement_record_is_refused_and_changes_nothing(
@@ -249,17 +249,12 @@ def test_every_edit_of_a_pods_placement_record_is_refused_and_changes_nothing(
             assert "delete it and create it anew" in refusal
 
 
-@settings(
-    max_examples=12,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@settings(CAMPAIGN, max_examples=12)
 @given(
     edit=st.tuples(
-        st.sampled_from(["running-a", "running-b", "bound", "pending"]),
+        PODS_IN_EACH_STATE,
         st.one_of(st.none(), st.sampled_from(["false", "no", "true"])),
-        st.sampled_from(["annotate", "patch", "status", "replace"]),
+        ROUTES,
     )
 )
 def test_no_edit_takes_a_gpu_pod_out_of_the_placement_policy(
@@ -276,12 +271,7 @@ def test_no_edit_takes_a_gpu_pod_out_of_the_placement_policy(
         assert policy in refusal or (route == "status" and rbac in refusal), (route, refusal)
 
 
-@settings(
-    max_examples=20,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@settings(CAMPAIGN, max_examples=20)
 @given(
     name=GPU_ENV,
     value=st.sampled_from(["all", "0", "0,1,2,3,4,5,6,7", "99999", "void"]),
