@@ -5,20 +5,20 @@ measures it. A benchmark, not a test: it prints a table and writes JSON.
                                    [--pod-shape workload|minimal] [--json out.json]
 
 On one fresh control plane, the shipped manifests applied as an admin applies them (every
-policy and binding), two pending pods of one shape: a GPU pod as the admission webhook leaves
-it (labelled `gpushare.io/gpu-pod`), and the same pod without its GPU limit and the label, as
-most pods of a cluster are, `--pods` of each. Each round sends `--writes` status patches to
-each kind in turn (a condition's message, as kubelets write status; one at a time, so that
-the apiserver's timings are of the work, not of the queue before two cores; round robin over
-the pods, so that no write waits for another's; a new order each round), and reads from the
-apiserver's /metrics, before and after each kind's writes:
+policy and binding), pending pods of two kinds, `--pods` of each, all of one shape: GPU pods
+as the admission webhook leaves them (labelled `gpushare.io/gpu-pod`), and the same pods
+without their GPU limit and the label, as most pods of a cluster are. Each round sends
+`--writes` status patches to each kind in turn (a condition's message, as kubelets write
+status; one at a time, so that the apiserver's timings are of the work, not of a queue before
+the cores; round robin over the pods, so that no write waits for another's; a new order each
+round), and reads from the apiserver's /metrics, before and after each kind's writes:
 - its ValidatingAdmissionPolicy step (`apiserver_admission_controller_admission_duration_
   seconds`, name ValidatingAdmissionPolicy, validate, UPDATE): seconds per write, the sum
   over the count (which also counts the few other updates the control plane makes meanwhile,
   its Leases', judged by no policy);
 - the whole request (`apiserver_request_duration_seconds`, PATCH pods/status), the same way.
 Each figure is the median over the rounds. Before 2026-12-07 the placement policy matched
-every pod: every pod's status write cost what the GPU pod's costs here.
+every pod: every pod's status write cost what a GPU pod's costs here.
 """
 
 from __future__ import annotations

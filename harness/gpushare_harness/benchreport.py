@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 from collections.abc import Mapping
 from typing import Any
@@ -14,7 +15,9 @@ def report(
 ) -> None:
     """Print `heading` with the machine, then each result's figures (its rounds left out);
     write them all to `args.json` when it is set."""
-    machine = f"{platform.machine()}, {platform.python_version()}, 2 cores shared by all"
+    machine = (
+        f"{platform.machine()}, {platform.python_version()}, {os.cpu_count()} cores shared by all"
+    )
     print(f"{heading}; {machine}")
     width = max(map(len, results), default=0)
     for label, found in results.items():

@@ -121,7 +121,7 @@ class NoWebhook:
 
     async def __call__(self, fn: object) -> AsyncIterator[kopf.WebhookClientConfig]:
         logs.get("webhook").warning(
-            "webhook_disabled", consequence="gpu-memory pods are refused at creation"
+            "webhook_disabled", consequence="GPU pods are refused at creation"
         )
         await asyncio.Event().wait()
         yield kopf.WebhookClientConfig()  # never reached: the wait above never ends
@@ -129,8 +129,9 @@ class NoWebhook:
 
 @kopf.on.mutate("pods", id="gpu-pods", operation="CREATE")
 async def gpu_pod_admission(*, body: kopf.Body, patch: kopf.Patch, memo: Any, **_: Any) -> None:
-    """Converts a GPU pod's gpu-memory limits to the cluster's unit, or refuses a pod that
-    could never run, with the fix (the apiserver shows the message to whoever created it)."""
+    """Converts a GPU pod's gpu-memory limits to the cluster's unit and labels it a GPU pod,
+    or refuses a pod that could never run, with the fix (the apiserver shows the message to
+    whoever created it)."""
     try:
         admitted = admit(dict(body), runtime(memo).config.admission())
     except GpuShareError as error:

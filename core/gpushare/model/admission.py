@@ -115,6 +115,7 @@ class Admitted:
     """Container name -> its new gpu-memory limit (and request), in units."""
     annotations: Mapping[str, str]
     labels: Mapping[str, str]
+    """`contract.GPU_POD_LABEL`, unless the pod carries it already."""
     scheduler_name: str | None = None
     """The scheduler name to set, when it changes."""
 

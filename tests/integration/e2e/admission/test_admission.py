@@ -101,6 +101,15 @@ async def test_with_the_webhook_down_gpu_pods_are_refused_and_other_pods_are_not
     cards = await refusal(core, gpu_pod("cards", number=1, nodeSelector={"none": "none"}))
     assert NOT_ADMITTED in cards
     assert contract.GPU_POD_LABEL in cards
+    # Converted, not labelled, as a replica from before the label left it during an upgrade.
+    converted = gpu_pod("converted", 2, nodeSelector={"none": "none"})
+    converted["metadata"]["annotations"] = {
+        contract.MEMORY_UNIT_MIB: str(UNIT),
+        contract.GPU_MEMORY_MIB: "cuda-container=1024",
+    }
+    unlabelled = await refusal(core, converted)
+    assert "did not label it gpushare.io/gpu-pod" in unlabelled
+    assert "while gpushare is being upgraded" in unlabelled
 
 
 async def test_a_pod_that_bypasses_the_scheduler_is_refused_naming_the_fix(

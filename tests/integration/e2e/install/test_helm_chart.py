@@ -133,7 +133,9 @@ def test_everything_goes_to_the_release_namespace_and_names_it(
     assert webhook["webhooks"][0]["clientConfig"]["service"]["namespace"] == "team-gpu"
     policy = found[("ValidatingAdmissionPolicy", "", "gpushare-gpu-pods")]
     messages = [validation.get("message", "") for validation in policy["spec"]["validations"]]
-    assert any("kubectl -n team-gpu get pods" in message for message in messages)
+    naming = [message for message in messages if "kubectl -n" in message]
+    assert len(naming) == 2  # the pod not converted, the pod not labelled
+    assert all("kubectl -n team-gpu get pods,endpoints gpushare-webhook" in m for m in naming)
     for name in ("gpushare-pod-placement", "gpushare-operator-scope"):
         text = yaml.safe_dump(found[("ValidatingAdmissionPolicy", "", name)])
         assert "system:serviceaccount:team-gpu:gpushare-" in text

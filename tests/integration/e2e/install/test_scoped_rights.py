@@ -95,18 +95,25 @@ async def placed(core: client.CoreV1Api, name: str, node: str) -> dict[str, Any]
 
 
 def annotate(
-    core: client.CoreV1Api,
-    name: str,
-    annotations: dict[str, str | None],
-    *,
-    field: str = "annotations",
-    **dry_run: Any,
+    core: client.CoreV1Api, name: str, annotations: dict[str, str | None], **dry_run: Any
 ) -> Awaitable[object]:
-    """A merge patch of the pod's annotations (or of its `field`, "labels")."""
+    return patch_metadata(core, name, {"annotations": annotations}, **dry_run)
+
+
+def relabel(
+    core: client.CoreV1Api, name: str, labels: dict[str, str | None], **dry_run: Any
+) -> Awaitable[object]:
+    return patch_metadata(core, name, {"labels": labels}, **dry_run)
+
+
+def patch_metadata(
+    core: client.CoreV1Api, name: str, metadata: dict[str, Any], **dry_run: Any
+) -> Awaitable[object]:
+    """A merge patch of the pod's metadata (None removes a key)."""
     return core.patch_namespaced_pod(
         name,
         "default",
-        {"metadata": {field: annotations}},
+        {"metadata": metadata},
         _content_type=MERGE,  # type: ignore[call-arg]
         _preload_content=False,
         **dry_run,
@@ -140,12 +147,12 @@ async def test_the_device_plugins_token_writes_only_its_own_nodes_objects(
             m in moved
             for m in ("may change only the annotation volcano.sh/gpu-assigned", "pod-placement")
         )
-        relabel = await refusal(
+        node_relabelled = await refusal(
             lambda **dry: plugin.patch_node(
                 "n1", {"metadata": {"labels": {"gpushare": "false"}}}, _preload_content=False, **dry
             )
         )
-        assert "may change only the annotation volcano.sh/gpu-unhealthy-ids" in relabel
+        assert "may change only the annotation volcano.sh/gpu-unhealthy-ids" in node_relabelled
         cordon = await refusal(
             lambda **dry: plugin.patch_node(
                 "n1", {"spec": {"unschedulable": True}}, _preload_content=False, **dry
@@ -405,11 +412,9 @@ async def test_a_pods_placement_record_is_written_by_gpushare_alone(
     await raw_json(annotate(core, "p", {"team": "a"}))  # other annotations are the owner's
     # The label that puts the pod under the policy is part of the record.
     for value in (None, "false"):
-        relabel = {contract.GPU_POD_LABEL: value}
-        refused = await refusal(
-            lambda r=relabel, **dry: annotate(core, "p", r, field="labels", **dry)
-        )
-        assert "label gpushare.io/gpu-pod of a pod are gpushare's record" in refused, value
+        change = {contract.GPU_POD_LABEL: value}
+        refused = await refusal(lambda r=change, **dry: relabel(core, "p", r, **dry))
+        assert "label gpushare.io/gpu-pod of a pod belong to gpushare's record" in refused, value
     both = await refusal(
         lambda **dry: core.patch_namespaced_pod_status(
             "p",
@@ -425,13 +430,20 @@ async def test_a_pods_placement_record_is_written_by_gpushare_alone(
         )
     )
     assert "annotation(s) volcano.sh/gpu-index and label gpushare.io/gpu-pod" in both
-    await raw_json(annotate(core, "p", {"team": "a"}, field="labels"))  # other labels too
+    await raw_json(relabel(core, "p", {"team": "a"}))  # other labels too
     # A pod without GPUs is not judged (its writes cost the apiserver no policy): its
     # annotations are its owner's, whatever their names.
     plain = gpu_pod("plain")
     plain["spec"]["containers"][0]["resources"] = {}
     await raw_json(create(core, plain))
     await raw_json(annotate(core, "plain", {contract.GPU_INDEX: "0", contract.GPU_MEMORY_MIB: "x"}))
+    # Anyone may add the label (as an admin does to GPU pods created before it existed): the
+    # pod is judged from then on.
+    await raw_json(relabel(core, "plain", {contract.GPU_POD_LABEL: contract.GPU_POD_LABEL_VALUE}))
+    now_judged = await refusal(
+        lambda **dry: annotate(core, "plain", {contract.GPU_INDEX: "1"}, **dry)
+    )
+    assert "annotation(s) volcano.sh/gpu-index of a pod belong to gpushare's record" in now_judged
     forged = labelled(gpu_pod("forged", number=1))
     forged["metadata"]["annotations"] = {contract.GPU_INDEX: "0"}
     created = await refusal(lambda **dry: create(core, forged, **dry))
