@@ -39,7 +39,7 @@ from gpushare import kube
 from gpushare.model import contract
 from gpushare_harness import ControlPlane
 from gpushare_harness.benchargs import positive
-from gpushare_harness.benchpods import SHAPES, bench_pod
+from gpushare_harness.benchpods import add_shape_argument, bench_pod
 from gpushare_harness.benchreport import report
 from gpushare_harness.serverstats import counters
 
@@ -182,12 +182,7 @@ def main() -> int:
     parser.add_argument("--writes", type=positive, default=2000)
     parser.add_argument("--rounds", type=positive, default=3)
     parser.add_argument("--pods", type=positive, default=20, help="pods of each kind")
-    parser.add_argument(
-        "--pod-shape",
-        choices=SHAPES,
-        default="workload",
-        help="the pods written: as a Job creates them (about 3 KiB in etcd) or the smallest",
-    )
+    add_shape_argument(parser, default="workload", pods="the pods written")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gpushare-admission-cost-") as workdir:

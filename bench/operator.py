@@ -105,7 +105,7 @@ from gpushare.model.annotations import gpu_assigned
 from gpushare.model.gangs import VOLCANO_GROUP_ANNOTATIONS, GroupApi
 from gpushare_harness import ControlPlane, FakeGpuNode, create_gpu_node
 from gpushare_harness.benchargs import cpu_list, env_setting, positive
-from gpushare_harness.benchpods import SHAPES, bench_pod
+from gpushare_harness.benchpods import add_shape_argument, bench_pod
 from gpushare_harness.binaries import ensure_binaries
 from gpushare_harness.controlplane import free_port
 from gpushare_harness.crds import install_crds, install_podgroup_crds
@@ -1096,12 +1096,7 @@ def main() -> int:
         help="instead: the operator alone, single pods against gangs of this many (PodGroups)",
     )
     parser.add_argument("--gang-mib", type=int, default=8192, help="each gang member's MiB")
-    parser.add_argument(
-        "--pod-shape",
-        choices=SHAPES,
-        default="minimal",
-        help="pods as a Job creates them (about 3 KiB in etcd) or the smallest there are",
-    )
+    add_shape_argument(parser, default="minimal", pods="the pods")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument(
         "--kube-scheduler-env",

@@ -49,7 +49,7 @@ from gpushare.kube.http2 import Http2Writer
 from gpushare.model import contract
 from gpushare_harness import ControlPlane
 from gpushare_harness.benchargs import positive
-from gpushare_harness.benchpods import SHAPES, bench_pod
+from gpushare_harness.benchpods import add_shape_argument, bench_pod
 from gpushare_harness.benchreport import report
 from gpushare_harness.identities import NAMESPACES, ROLES
 from gpushare_harness.serverstats import counters, cpu_seconds
@@ -352,12 +352,7 @@ def main() -> int:
     )
     parser.add_argument("--writes", type=positive, default=2000)
     parser.add_argument("--rounds", type=positive, default=3)
-    parser.add_argument(
-        "--pod-shape",
-        choices=SHAPES,
-        default="minimal",
-        help="the pods bound: as a Job creates them (about 3 KiB in etcd) or the smallest",
-    )
+    add_shape_argument(parser, default="minimal", pods="the pods bound")
     parser.add_argument(
         "--only", action="append", metavar="TEXT", help="the variants whose label has TEXT"
     )

@@ -12,12 +12,23 @@ Neither asks for CPU or memory: the fake nodes only have GPUs to fit.
 
 from __future__ import annotations
 
+import argparse
 import uuid
 from typing import Any
 
 SHAPES = ("minimal", "workload")
 JOB_SIZE = 100
 """Pods per Job in the `workload` shape (its labels and owner are the Job's)."""
+
+
+def add_shape_argument(parser: argparse.ArgumentParser, *, default: str, pods: str) -> None:
+    """`--pod-shape`, as each benchmark that creates pods takes it; `pods` says which."""
+    parser.add_argument(
+        "--pod-shape",
+        choices=SHAPES,
+        default=default,
+        help=f"{pods}: as a Job creates them (about 3 KiB in etcd) or the smallest there are",
+    )
 
 
 def bench_pod(
