@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import ssl
@@ -55,6 +56,9 @@ class ControlPlaneError(RuntimeError):
 
 
 _CONTROLLERS = ("kube-scheduler", "kube-controller-manager")
+# free_port's ports start above the well-known ones the real node binds (kubelet 10250,
+# kube-proxy 10249 and 10256).
+_LOWEST_FREE_PORT = 20000
 # Only Bindings and evictions, once answered: a few hundred bytes per pod placed.
 _AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
@@ -454,10 +458,33 @@ def alive(pid: int) -> bool:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    """A loopback port nothing listens on, below the kernel's ephemeral range. A port the
+    kernel picks (bind to 0) comes from that range, where any outgoing connection's source
+    port can take it before the process it was meant for binds it: kube-controller-manager
+    failed so in CI ("address already in use")."""
+    ephemeral_low = _ephemeral_range()[0]
+    if ephemeral_low - _LOWEST_FREE_PORT >= 1024:
+        for _ in range(100):
+            port = _LOWEST_FREE_PORT + secrets.randbelow(ephemeral_low - _LOWEST_FREE_PORT)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:  # listened on
+                    continue
+                return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:  # an unusual range
         probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+        kernel_port: int = probe.getsockname()[1]
+        return kernel_port
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's source ports for outgoing connections (Linux's default if unreadable)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def dying_with_parent(argv: Sequence[str]) -> list[str]:
