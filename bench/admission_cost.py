@@ -53,11 +53,7 @@ KINDS = {"gpu pod (labelled)": True, "pod without GPUs": False}
 
 def pod(name: str, *, gpu: bool, shape: str) -> dict[str, Any]:
     limits = {contract.GPU_NUMBER: "1"} if gpu else {}
-    body = bench_pod(name, 0, scheduler=contract.DEFAULT_SCHEDULER_NAME, limits=limits, shape=shape)
-    if gpu:
-        labels = body["metadata"].setdefault("labels", {})
-        labels[contract.GPU_POD_LABEL] = contract.GPU_POD_LABEL_VALUE
-    return body
+    return bench_pod(name, 0, scheduler=contract.DEFAULT_SCHEDULER_NAME, limits=limits, shape=shape)
 
 
 def _counted(metric: str, labels: dict[str, str]) -> bool:

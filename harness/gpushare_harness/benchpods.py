@@ -7,7 +7,9 @@
   NoExecute tolerations, a command, env, a data volume): about 3 KiB in etcd, the size of the
   pods clusters run.
 
-Neither asks for CPU or memory: the fake nodes only have GPUs to fit.
+Neither asks for CPU or memory: the fake nodes only have GPUs to fit. A GPU pod carries the
+label the admission webhook gives every GPU pod (the benchmarks install no webhook; the
+operator would otherwise add it with the Binding, which kube-scheduler's do not carry).
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from __future__ import annotations
 import argparse
 import uuid
 from typing import Any
+
+from gpushare.model import contract
+from gpushare.model.admission import lacks_gpu_pod_label
 
 SHAPES = ("minimal", "workload")
 JOB_SIZE = 100
@@ -50,6 +55,8 @@ def bench_pod(
         "resources": {"limits": limits},
     }
     spec: dict[str, Any] = {"schedulerName": scheduler, "containers": [container]}
+    if lacks_gpu_pod_label({"spec": spec}):
+        metadata["labels"] = dict(contract.GPU_POD_LABELS)
     if shape == "minimal":
         return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
     if shape != "workload":
@@ -57,6 +64,7 @@ def bench_pod(
     job = f"train-{number // JOB_SIZE:04d}"
     job_uid = str(uuid.uuid5(uuid.NAMESPACE_URL, job))
     metadata["labels"] = {
+        **metadata.get("labels", {}),
         "batch.kubernetes.io/controller-uid": job_uid,
         "batch.kubernetes.io/job-name": job,
         "controller-uid": job_uid,

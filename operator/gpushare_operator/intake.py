@@ -4,11 +4,12 @@ kube-scheduler keeps its informer handlers in `eventhandlers.go`.
 Its sources: the reflectors' events and LISTs (pods, nodes, GPUNodes, PodGroups,
 PriorityClasses, PodDisruptionBudgets), and the scheduler's own findings (a bind answered
 404 is a deletion, a 409 is read back), which the scheduler puts on the `findings` queue
-rather than calling in. Each
-event is checked against the newest version already taken (the stale filter), then handed to
-the cache, the gang book and the queue. What an event calls for beyond the cache is queue
-work that the decision loop carries out: a pod to schedule, parked pods to wake, a gang that
-lost a member to check (`SchedulingQueue.check_gang`). Nothing here calls the API.
+rather than calling in. Each event is checked against the newest version already taken (the
+stale filter), then handed to the cache, the gang book, the queue and the labeller. What an
+event calls for beyond the cache is queue work that the decision loop carries out: a pod to
+schedule, parked pods to wake, a gang that lost a member to check
+(`SchedulingQueue.check_gang`), and a pod to label that the labeller writes. Nothing here
+calls the API.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from gpushare.kube.reflector import DELETED
 from gpushare.model import NodeName, PodUid
 from gpushare.model.bodies import Body, path, resource_version, text
 from gpushare.model.gangs import GroupApi, group_key
+from gpushare_operator.labeller import Labeller
 from gpushare_operator.reporting import Reporter
 from gpushare_operator.scheduling.cache import PodChange, SchedulerCache
 from gpushare_operator.scheduling.gangs import GangBook
@@ -39,11 +41,13 @@ class Intake:
         queue: SchedulingQueue,
         gangs: GangBook,
         reporter: Reporter,
+        labeller: Labeller,
     ) -> None:
         self.cache = cache
         self.queue = queue
         self.gangs = gangs
         self.reporter = reporter
+        self.labeller = labeller
         self.findings: asyncio.Queue[Finding] = asyncio.Queue()
         self.last_event: dict[str, float] = {}
         """When each kind last had an event (monotonic), for the liveness probe."""
@@ -83,6 +87,7 @@ class Intake:
         if event_type == DELETED:
             change = self.cache.forget_pod(uid)
             self.reporter.forget(uid)
+            self.labeller.forget(uid)
             self.queue.remove(uid)
             self._logged_problems.pop(f"pod {uid}", None)
             group = self.gangs.forget_member(uid)
@@ -95,6 +100,7 @@ class Intake:
             for message in seen.problems:
                 self._log_once(f"pod {uid}", message)
             self.gangs.observe_member(pod)
+            self.labeller.observe(pod)
         if change is PodChange.PENDING:
             self.queue.add(uid, self.gangs.priority_of(pod))
         elif change is PodChange.BOUND:

@@ -1,6 +1,7 @@
 """Every Kubernetes API call the operator makes, behind the `SchedulerApi` protocol.
 
-Writes go to: pods/binding (the bind, with the GPU annotations), pods/status (PodScheduled),
+Writes go to: pods/binding (the bind, with the GPU annotations, and the GPU pod label where
+the pod lacks it), pods/status (PodScheduled; the GPU pod label of other pods that lack it),
 events (Scheduled, FailedScheduling; these and the bind in protobuf, as kube-scheduler sends
 them: gpushare.kube.protobuf), gpunodes/status, gpushareconfigs/status, PodGroups'
 status (Volcano's and the coscheduling API's), pods/eviction (a gang's bound pods, when it
@@ -19,6 +20,7 @@ import functools
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Protocol, cast
 
 import aiohttp
@@ -34,6 +36,8 @@ from gpushare.model.gangs import PLURAL, GroupApi, GroupKey
 COMPONENT = "gpushare-scheduler"
 FENCE_PROBE = "gpushare-fence-probe"
 """The pod, never made, whose dry-run Binding asks whether the fence holds a term."""
+NO_LABELS: Mapping[str, str] = MappingProxyType({})
+"""What a Binding adds to a pod's labels by default (the fence's term labels aside)."""
 EVICTION = "/eviction"
 """The path of the writes only the leader may send besides Bindings
 (`KubeSchedulerApi.fence_leader_writes`)."""
@@ -46,7 +50,19 @@ class SchedulerApi(Protocol):
         the PodGroups of a `GroupApi` (its name), for a Reflector."""
         ...
 
-    async def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> None: ...
+    async def bind(
+        self,
+        pod: PodRef,
+        node: str,
+        annotations: Mapping[str, str],
+        labels: Mapping[str, str] = NO_LABELS,
+    ) -> None:
+        """Bind `pod` to `node`; the apiserver adds `annotations` and `labels` to it."""
+        ...
+
+    async def label_gpu_pod(self, pod: PodRef) -> None:
+        """Add `contract.GPU_POD_LABEL` to a GPU pod that lacks it."""
+        ...
 
     async def read_pod(self, pod: PodRef) -> dict[str, Any] | None:
         """The pod as the apiserver has it now; None when it is gone."""
@@ -261,7 +277,13 @@ class KubeSchedulerApi:
             contract.INVENTORY_PLURAL,
         )
 
-    async def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> None:
+    async def bind(
+        self,
+        pod: PodRef,
+        node: str,
+        annotations: Mapping[str, str],
+        labels: Mapping[str, str] = NO_LABELS,
+    ) -> None:
         # The UID precondition makes the bind fail if the pod was replaced by a namesake.
         stamp = self._stamp()
         body = protobuf.binding(
@@ -269,7 +291,7 @@ class KubeSchedulerApi:
             name=pod.name,
             uid=pod.uid,
             annotations={**annotations, **stamp.annotations},
-            labels=dict(stamp.labels),
+            labels={**labels, **stamp.labels},
             node=node,
         )
         path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding"
@@ -280,6 +302,20 @@ class KubeSchedulerApi:
 
     async def read_pod(self, pod: PodRef) -> dict[str, Any] | None:
         return await read_pod(self._core, pod.name, pod.namespace, pod.uid, timeout_s=self._timeout)
+
+    async def label_gpu_pod(self, pod: PodRef) -> None:
+        # Through pods/status, the one write of a pod the operator's role allows; the UID
+        # precondition leaves a namesake alone.
+        body = {"metadata": {"uid": pod.uid, "labels": dict(contract.GPU_POD_LABELS)}}
+        await raw_json(
+            self._core.patch_namespaced_pod_status(
+                pod.name,
+                pod.namespace,
+                body,
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
+        )
 
     async def set_unschedulable(
         self,

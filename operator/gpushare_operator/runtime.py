@@ -2,10 +2,11 @@
 handlers only start and stop a Runtime, probe it and hand it the live configuration).
 
 `Runtime` builds the cache, the queue, the intake (which every event goes through), the
-scheduler, the status writer and the elector, points the reflectors (nodes, GPUNodes, pods,
-PodGroups, PriorityClasses) at the intake, and runs the long-running tasks under one
-supervision: the reflectors, the intake's findings and the elector always; the decision loop
-and the status writer only while this replica leads (or always, with leader election off).
+scheduler, the status writer, the labeller and the elector, points the reflectors (nodes,
+GPUNodes, pods, PodGroups, PriorityClasses) at the intake, and runs the long-running tasks
+under one supervision: the reflectors, the intake's findings and the elector always; the
+decision loop, the status writer and the labeller only while this replica leads (or always,
+with leader election off).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from gpushare_operator.defragmenter import Defragmenter
 from gpushare_operator.election import LeaseElector, WriteFence
 from gpushare_operator.intake import Intake
 from gpushare_operator.kubeapi import SchedulerApi
+from gpushare_operator.labeller import Labeller
 from gpushare_operator.metrics import SchedulerMetrics
 from gpushare_operator.overuse import OverUseGuard
 from gpushare_operator.reporting import Reporter
@@ -85,10 +87,17 @@ class Runtime:
         self.queue = SchedulingQueue(config=self.current_config)
         self.gangs = GangBook()
         self.reporter = Reporter(api)
-        self.intake = Intake(
-            cache=self.cache, queue=self.queue, gangs=self.gangs, reporter=self.reporter
-        )
         fence = self.fence = WriteFence(self._may_write, lambda: self.elector.term)
+        self.labeller = Labeller(
+            api=api, fence=fence, binds=lambda pod: pod.node is None and self.cache.is_ours(pod)
+        )
+        self.intake = Intake(
+            cache=self.cache,
+            queue=self.queue,
+            gangs=self.gangs,
+            reporter=self.reporter,
+            labeller=self.labeller,
+        )
         self.scheduler = Scheduler(
             cache=self.cache,
             queue=self.queue,
@@ -292,6 +301,7 @@ class Runtime:
             work.create_task(self.status.run(), name="status")
             work.create_task(self.over_use.run(), name="over-use")
             work.create_task(self.defragmenter.run(), name="defragmenter")
+            work.create_task(self.labeller.run(), name="labeller")
 
     # -- feeding the cache ---------------------------------------------------------------
 

@@ -36,7 +36,7 @@ from gpushare.model import Placement, PodRef, PodUid, contract
 from gpushare.model.gangs import GroupKey, GroupSpec
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.election import WriteFence
-from gpushare_operator.kubeapi import Fenced, SchedulerApi
+from gpushare_operator.kubeapi import NO_LABELS, Fenced, SchedulerApi
 from gpushare_operator.metrics import SchedulerMetrics
 from gpushare_operator.reporting import Reporter
 from gpushare_operator.scheduling.cache import SchedulerCache
@@ -358,6 +358,9 @@ class Scheduler:
             # The Binding writes every placement annotation, so values a user forged on the
             # pending pod never stand: gpu-index is ours, and gpu-assigned starts "false".
             annotations[contract.GPU_ASSIGNED] = contract.GPU_ASSIGNED_FALSE
+        # A GPU pod made before gpushare labelled them comes under the placement policy
+        # with the write that places it.
+        labels = contract.GPU_POD_LABELS if decision.pod.unlabelled else NO_LABELS
         config = self._config()
         # Not `retry`: each refusal has its own outcome below, and the last failure, too, is
         # logged and waits its delay (the assumption held meanwhile) before the requeue.
@@ -367,7 +370,7 @@ class Scheduler:
             try:
                 self._fence.check(f"bind {pod}")
                 async with asyncio.timeout(config.bind_timeout_s):
-                    await self._api.bind(pod, node, annotations)
+                    await self._api.bind(pod, node, annotations, labels)
                 break
             except Fenced as fenced:  # here, or by the client as the bytes were to go out
                 self._requeue(pod, log, str(fenced))

@@ -8,7 +8,7 @@ The policies, by what is tried again:
 | policy | for | delays | tries |
 | --- | --- | --- | --- |
 | `bind_policy(...)` | the scheduler's Binding | the live backoff settings | 5 |
-| `WRITE` | Events, PodScheduled, evictions, `gpu-assigned` | 0.5 s to 4 s | 5 |
+| `WRITE` | Events, PodScheduled, evictions, `gpu-assigned`, the GPU pod label | 0.5 s to 4 s | 5 |
 | `READ` | the CLI's reads | 0.25 s to 2 s | 8 |
 | `KUBELET_RECORDS` | the plugin asking the kubelet which pod it is admitting | 5 ms to 0.16 s | 7 |
 | `PUBLISH` | written once before serving: GPUNode, webhook Secret | 0.5 s to 5 s | until done |

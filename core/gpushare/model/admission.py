@@ -184,7 +184,26 @@ def _gpu_pod_label(pod: Body) -> dict[str, str]:
     """The label to set, unless the pod carries it already (re-created from its yaml)."""
     if labels_of(pod).get(contract.GPU_POD_LABEL) == contract.GPU_POD_LABEL_VALUE:
         return {}
-    return {contract.GPU_POD_LABEL: contract.GPU_POD_LABEL_VALUE}
+    return dict(contract.GPU_POD_LABELS)
+
+
+_GPU_RESOURCES = frozenset({contract.GPU_MEMORY, contract.GPU_NUMBER})
+
+
+def lacks_gpu_pod_label(pod: Body) -> bool:
+    """A GPU pod without `contract.GPU_POD_LABEL`: one created before gpushare labelled GPU
+    pods, or while it was not installed. The placement policy judges it only once labelled
+    (the operator does that)."""
+    if contract.GPU_POD_LABEL in labels_of(pod):
+        return False
+    spec = path(pod, "spec")
+    return any(
+        name in _GPU_RESOURCES
+        for field in ("containers", "initContainers")
+        for container in sequence(spec.get(field))
+        for side in ("limits", "requests")
+        for name in path(container, "resources", side)
+    )
 
 
 def _refuse_unequal_or_zero(pod: Body) -> None:

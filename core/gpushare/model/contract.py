@@ -6,6 +6,8 @@ of them may change. See docs/contract.md.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Final
 
 # Extended resources, read from container limits only.
@@ -58,6 +60,9 @@ the apiserver's placement policy judges the writes of the pods that carry it and
 pod, so a pod without GPUs costs no policy evaluation; the policy keeps it from being removed
 or changed."""
 GPU_POD_LABEL_VALUE: Final = "true"
+GPU_POD_LABELS: Final[Mapping[str, str]] = MappingProxyType({GPU_POD_LABEL: GPU_POD_LABEL_VALUE})
+"""What the webhook adds, and the operator to a GPU pod made before that (or while gpushare
+was not installed)."""
 
 # Our inventory custom resource: cluster-scoped, one per GPU node, named after the node.
 # Its spec is written by the device plugin, its status by the operator.

@@ -24,7 +24,7 @@ from gpushare.model import (
     contract,
     gpu_request,
 )
-from gpushare.model.admission import memory_asked
+from gpushare.model.admission import lacks_gpu_pod_label, memory_asked
 from gpushare.model.annotations import gpu_assigned
 from gpushare.model.bodies import Body, annotations_of, resource_version, text
 from gpushare.model.filters import PodNeeds, pod_needs, unsupported
@@ -71,6 +71,9 @@ class PodInfo:
     """A controller owns it (a Job, a Volcano Job, a ReplicaSet): deleted, it comes back."""
     preempts: bool = True
     """It may evict pods of lower priority to make room (`preemptionPolicy` is not Never)."""
+    unlabelled: bool = False
+    """A GPU pod without `contract.GPU_POD_LABEL` (made before gpushare labelled them): its
+    Binding adds it, or the labeller does (`gpushare_operator.labeller`)."""
 
     @property
     def uid(self) -> PodUid:
@@ -157,6 +160,7 @@ class PodInfo:
                 for owner in raw.get("metadata", {}).get("ownerReferences") or ()
             ),
             preempts=spec.get("preemptionPolicy") != "Never",
+            unlabelled=lacks_gpu_pod_label(body),
         )
 
     @classmethod

@@ -15,6 +15,7 @@ from gpushare.model.admission import (
     AdmissionSettings,
     LimitsIn,
     admit,
+    lacks_gpu_pod_label,
     memory_asked,
     units_for,
 )
@@ -110,6 +111,25 @@ def test_a_gpu_pod_gets_the_gpu_pod_label_whatever_its_author_wrote(value: str |
         pod["metadata"]["labels"][contract.GPU_POD_LABEL] = value
     labels = admitted(pod)["metadata"]["labels"]
     assert labels == {"app": "train", contract.GPU_POD_LABEL: "true"}
+
+
+def test_a_gpu_pod_lacks_the_label_until_it_carries_it_with_any_value() -> None:
+    """What the operator labels: GPU pods without the label (the policy selects it with
+    Exists, so any value puts a pod under it)."""
+    init = gpu_pod("init")
+    init["spec"]["initContainers"] = [
+        {"name": "warm", "resources": {"requests": {contract.GPU_MEMORY: "512"}}}
+    ]
+    assert [lacks_gpu_pod_label(p) for p in (gpu_pod("m", 1024), gpu_pod("n", number=1), init)] == [
+        True,
+        True,
+        True,
+    ]
+    labelled = gpu_pod("m", 1024)
+    labelled["metadata"]["labels"] = {contract.GPU_POD_LABEL: ""}
+    assert not lacks_gpu_pod_label(labelled)
+    assert not lacks_gpu_pod_label(gpu_pod("plain"))
+    assert not lacks_gpu_pod_label({"metadata": {"labels": None}, "spec": {"containers": 3}})
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from gpushare_operator.config import OperatorConfig
 from gpushare_operator.defragmenter import Defragmenter
 from gpushare_operator.election import WriteFence
 from gpushare_operator.intake import Intake
+from gpushare_operator.labeller import Labeller
 from gpushare_operator.metrics import SchedulerMetrics
 from gpushare_operator.reporting import Reporter
 from gpushare_operator.scheduling.cache import SchedulerCache
@@ -57,6 +58,7 @@ async def test_a_pod_is_moved_to_make_room_only_while_the_lease_is_fresh() -> No
         queue=SchedulingQueue(config=config),
         gangs=GangBook(),
         reporter=Reporter(api=api),  # type: ignore[arg-type]  # queued, never sent here
+        labeller=Labeller(api=None, fence=WriteFence(lambda: True), binds=bool),  # type: ignore[arg-type]  # queued, never sent here
     )
     intake.node_event("ADDED", ready_node("n", 20000, 2))
     intake.pod_event("ADDED", running("small", 3000, 0))

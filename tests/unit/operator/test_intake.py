@@ -13,7 +13,9 @@ from gpushare.kube.reflector import DELETED, MODIFIED
 from gpushare.model import CardIndex, NodeName
 from gpushare.model.gangs import VOLCANO_GROUP_ANNOTATIONS, GroupApi, GroupKey
 from gpushare_operator.config import OperatorConfig
+from gpushare_operator.election import WriteFence
 from gpushare_operator.intake import Intake
+from gpushare_operator.labeller import Labeller
 from gpushare_operator.reporting import Reporter
 from gpushare_operator.scheduling.cache import SchedulerCache
 from gpushare_operator.scheduling.gangs import GangBook
@@ -30,6 +32,7 @@ def intake() -> Intake:
         queue=SchedulingQueue(config=config, clock=lambda: 100.0),
         gangs=GangBook(),
         reporter=Reporter(api=None),  # type: ignore[arg-type]  # forget() makes no call
+        labeller=Labeller(api=None, fence=WriteFence(lambda: True), binds=bool),  # type: ignore[arg-type]  # queued, never sent here
     )
     node = ready_node("n", 20000, 2)
     made.node_event("ADDED", node)

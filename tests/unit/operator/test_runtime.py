@@ -1,8 +1,9 @@
 """The operator's runtime against a scripted apiserver (no socket): it lists every kind, then
 leads; a pending GPU pod is bound once the cache holds its node; a replica that leads from the
 start lists each kind once, and one that takes over lists again what a leader writes (and
-nothing else) before it binds; a task that fails with an error nothing handled stops the
-operator once, naming the task."""
+nothing else) before it binds; GPU pods made before gpushare labelled them get the label; a
+task that fails with an error nothing handled stops the operator once, naming the task.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from leases import LEASE_LABEL, OneLease
 from scripted import Answer
 
 from gpushare.kube.clock import micro_time
+from gpushare.model import contract
 from gpushare.model.usage import PodRef
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.runtime import Runtime
@@ -45,7 +47,11 @@ class Apiserver(OneLease):
         self.objects = objects
         self.lists: Counter[str] = Counter()
         self.bound: list[tuple[str, str]] = []
+        self.bound_labels: dict[str, Mapping[str, str]] = {}
         self.was_bound = asyncio.Event()
+        self.labelled: list[str] = []
+        self.wrote = asyncio.Event()
+        """Set at each bind and label."""
 
     def lister(self, resource: str) -> Any:
         async def call(**params: Any) -> Answer:
@@ -57,9 +63,17 @@ class Apiserver(OneLease):
 
         return call
 
-    async def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> None:
+    async def bind(
+        self, pod: PodRef, node: str, annotations: Mapping[str, str], labels: Mapping[str, str] = {}
+    ) -> None:
         self.bound.append((pod.name, node))
+        self.bound_labels[pod.name] = labels
         self.was_bound.set()
+        self.wrote.set()
+
+    async def label_gpu_pod(self, pod: PodRef) -> None:
+        self.labelled.append(pod.name)
+        self.wrote.set()
 
     def __getattr__(self, name: str) -> Any:
         async def answered(*args: Any, **kwargs: Any) -> str:
@@ -154,3 +168,40 @@ async def test_a_task_failing_with_an_unhandled_error_stops_the_operator_once() 
         await runtime.stop()
     assert stops == ["stop"]
     assert runtime.failure == "broken: RuntimeError('a bug')"
+
+
+async def test_gpu_pods_made_before_the_label_get_it_from_the_leader_or_with_their_binding() -> (
+    None
+):
+    def labelled(body: dict[str, Any]) -> dict[str, Any]:
+        body["metadata"]["labels"] = dict(contract.GPU_POD_LABELS)
+        return body
+
+    others = gpu_pod("others", 1000)
+    others["spec"]["schedulerName"] = "default-scheduler"
+    apiserver = Apiserver(
+        {
+            "nodes": [ready_node("n", 20000, 2)],
+            "pods": [
+                gpu_pod("running", 4000, node="n", index="0", phase="Running"),
+                others,
+                gpu_pod("train", 6000),
+                labelled(gpu_pod("infer", 2000)),
+                labelled(gpu_pod("serving", 2000, node="n", index="1", phase="Running")),
+                gpu_pod("done", 2000, node="n", index="1", phase="Succeeded"),
+                gpu_pod("plain"),
+            ],
+        }
+    )
+    runtime = Runtime(config=CONFIG, api=apiserver, on_failure=lambda: None)
+    try:
+        await running(runtime)
+        async with asyncio.timeout(5):
+            while len(apiserver.bound) < 3 or len(apiserver.labelled) < 2:
+                apiserver.wrote.clear()
+                await apiserver.wrote.wait()
+        await asyncio.sleep(0.1)  # and nothing more
+    finally:
+        await runtime.stop()
+    assert sorted(apiserver.labelled) == ["others", "running"]
+    assert apiserver.bound_labels == {"train": contract.GPU_POD_LABELS, "infer": {}, "plain": {}}

@@ -15,6 +15,7 @@ from gpushare.model import CardIndex, NodeName, PodRef
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.election import WriteFence
 from gpushare_operator.intake import Intake
+from gpushare_operator.labeller import Labeller
 from gpushare_operator.metrics import SchedulerMetrics
 from gpushare_operator.reporting import Reporter
 from gpushare_operator.scheduler import Scheduler
@@ -35,7 +36,9 @@ class Api:
         self.binds: list[str] = []
         self.sent = asyncio.Event()
 
-    async def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> None:
+    async def bind(
+        self, pod: PodRef, node: str, annotations: Mapping[str, str], labels: Mapping[str, str] = {}
+    ) -> None:
         self.binds.append(pod.name)
         self.sent.set()
         await asyncio.Event().wait()
@@ -45,7 +48,9 @@ class FencedAtSend(Api):
     """Its client's last check refuses every bind as it goes out (the Lease went stale while
     the bind waited for its connection)."""
 
-    async def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> None:
+    async def bind(
+        self, pod: PodRef, node: str, annotations: Mapping[str, str], labels: Mapping[str, str] = {}
+    ) -> None:
         self.binds.append(pod.name)
         WriteFence(lambda: False).check("POST binding")
 
@@ -61,6 +66,7 @@ def loop(
         queue=SchedulingQueue(config=config, clock=lambda: now[0]),
         gangs=GangBook(),
         reporter=Reporter(api=None),  # type: ignore[arg-type]  # forget() makes no call
+        labeller=Labeller(api=None, fence=WriteFence(lambda: True), binds=bool),  # type: ignore[arg-type]  # queued, never sent here
     )
     node = ready_node("n", 20000, 2)
     intake.node_event("ADDED", node)

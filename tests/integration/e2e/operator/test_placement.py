@@ -53,6 +53,36 @@ async def test_the_guides_two_pods_share_card_zero(
         ]
 
 
+async def test_gpu_pods_made_before_the_label_are_labelled_and_others_are_not(
+    core: client.CoreV1Api, start_operator: Start
+) -> None:
+    """GPU pods made before gpushare labelled them (or while it was not installed: no webhook
+    here) come under the placement policy: a running one is labelled through pods/status, a
+    pending one with its Binding; a pod without GPUs and a finished GPU pod are left alone."""
+    await create_gpu_node(core, FakeGpuNode(name="gpu-node-1", gpu_memory=89424, gpu_number=8))
+    await create_pod(core, gpu_pod("running", 1024, nodeName="gpu-node-1"))
+    await create_pod(core, gpu_pod("plain", nodeName="gpu-node-1"))
+    await create_pod(core, gpu_pod("finished", 1024, nodeName="gpu-node-1"))
+    await core.patch_namespaced_pod_status(
+        "finished", "default", {"status": {"phase": "Succeeded"}}
+    )
+    start_operator()
+    await create_pod(core, gpu_pod("pending", 1024))
+
+    async def labels(name: str) -> dict[str, str]:
+        return (await read_pod(core, name))["metadata"].get("labels") or {}
+
+    async def labelled() -> bool:
+        return all(
+            [contract.GPU_POD_LABEL in await labels(name) for name in ("running", "pending")]
+        )
+
+    await eventually(labelled, what="the GPU pod label on running and pending")
+    assert (await bound(core, "pending"))["metadata"]["labels"][contract.GPU_POD_LABEL] == "true"
+    for name in ("plain", "finished"):
+        assert contract.GPU_POD_LABEL not in await labels(name)
+
+
 async def test_bestfit_picks_the_tightest_card_across_heterogeneous_nodes(
     api: client.ApiClient, core: client.CoreV1Api, start_operator: Start
 ) -> None:
