@@ -35,7 +35,8 @@ class PluginApi:
         )
 
     async def mark_assigned(self, pod: PodRef) -> None:
-        """Set `gpu-assigned: "true"` on the pod `pod.uid` names (409 when it was replaced)."""
+        """Set `gpu-assigned: "true"` on the pod `pod.uid` names (refused, 422, when it was
+        replaced by a namesake)."""
         metadata: dict[str, Any] = {
             "uid": pod.uid,
             "annotations": {contract.GPU_ASSIGNED: contract.GPU_ASSIGNED_TRUE},

@@ -19,7 +19,7 @@ import uuid
 from typing import Any
 
 from gpushare.model import contract
-from gpushare.model.admission import lacks_gpu_pod_label
+from gpushare.model.admission import asks_for_gpus
 
 SHAPES = ("minimal", "workload")
 JOB_SIZE = 100
@@ -55,7 +55,7 @@ def bench_pod(
         "resources": {"limits": limits},
     }
     spec: dict[str, Any] = {"schedulerName": scheduler, "containers": [container]}
-    if lacks_gpu_pod_label({"spec": spec}):
+    if asks_for_gpus({"spec": spec}):
         metadata["labels"] = dict(contract.GPU_POD_LABELS)
     if shape == "minimal":
         return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}

@@ -458,24 +458,31 @@ def alive(pid: int) -> bool:
 
 
 def free_port() -> int:
-    """A loopback port nothing listens on, below the kernel's ephemeral range. A port the
-    kernel picks (bind to 0) comes from that range, where any outgoing connection's source
-    port can take it before the process it was meant for binds it: kube-controller-manager
-    failed so in CI ("address already in use")."""
+    """A loopback port nothing listens on and not handed out before, below the kernel's
+    ephemeral range. A port the kernel picks (bind to 0) comes from that range, where any
+    outgoing connection's source port can take it before the process it was meant for binds
+    it: kube-controller-manager failed so in CI ("address already in use")."""
     ephemeral_low = _ephemeral_range()[0]
     if ephemeral_low - _LOWEST_FREE_PORT >= 1024:
         for _ in range(100):
             port = _LOWEST_FREE_PORT + secrets.randbelow(ephemeral_low - _LOWEST_FREE_PORT)
+            if port in _handed_out:
+                continue
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
                 try:
                     probe.bind(("127.0.0.1", port))
                 except OSError:  # listened on
                     continue
-                return port
+            _handed_out.add(port)
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:  # an unusual range
         probe.bind(("127.0.0.1", 0))
         kernel_port: int = probe.getsockname()[1]
         return kernel_port
+
+
+_handed_out: set[int] = set()
+"""Ports `free_port` gave: two asked for before either is bound must differ."""
 
 
 def _ephemeral_range() -> tuple[int, int]:

@@ -1,9 +1,12 @@
 """Labelling the GPU pods that lack `gpushare.io/gpu-pod`: those made before gpushare labelled
 GPU pods at admission, or while it was not installed. The apiserver's placement policy judges
 labelled pods alone, so until then anyone who may update such a pod could edit its placement
-record. A pending pod of ours gets the label with its Binding (`Scheduler`); the leader labels
-the others here, through pods/status, one at a time (after an upgrade there may be thousands,
-and the binds go on beside them). The intake says which pods; nothing else is decided here.
+record. A pending pod of ours gets the label with its Binding (`Scheduler`; Kubernetes 1.35
+and later copy a Binding's labels to the pod: on an older apiserver the bound pod's next event
+shows it unlabelled, and it is labelled here). The leader labels the others through
+pods/status, one at a time (after an upgrade there may be thousands, and the binds go on
+beside them). Finished pods (they hold no card) and pods being deleted are left as they are.
+The intake says which pods; nothing else is decided here.
 """
 
 from __future__ import annotations
@@ -14,12 +17,15 @@ from collections.abc import Callable
 
 from gpushare import logs
 from gpushare.kube import ApiError
-from gpushare.kube.retry import WRITE, retry
+from gpushare.kube.retry import LABEL, retry
 from gpushare.model import PodRef, PodUid
 from gpushare_operator.election import WriteFence
 from gpushare_operator.kubeapi import Fenced, SchedulerApi
 from gpushare_operator.scheduling.podinfo import PodInfo
 
+NOT_FOUND = 404
+INVALID = 422
+"""What the apiserver answers a patch whose `metadata.uid` is not the pod's."""
 FENCED_PAUSE_S = 1.0
 """How long the labeller waits after its fence said no (the elector decides meanwhile whether
 this replica still leads)."""
@@ -66,26 +72,27 @@ class Labeller:
                 continue
             pod = next(iter(self._waiting.values()))
             try:
-                self._fence.check(f"label {pod}")
-                await retry(functools.partial(self._api.label_gpu_pod, pod), WRITE)
+                await retry(functools.partial(self._label, pod), LABEL)
             except Fenced:
                 await asyncio.sleep(FENCED_PAUSE_S)
                 continue
-            except (ApiError, OSError, TimeoutError) as error:
+            except ApiError as error:  # refused: trying again as it is would not help
                 self._refused(pod, error)
             else:
                 labelled += 1
-            # Still unlabelled, its next event hands it over again.
-            if self._waiting.get(pod.uid) == pod:
-                del self._waiting[pod.uid]
+            self._waiting.pop(pod.uid, None)
 
-    def _refused(self, pod: PodRef, error: Exception) -> None:
-        if isinstance(error, ApiError) and error.status in (404, 409):
-            return  # gone, or a namesake: nothing of it is left to guard
+    async def _label(self, pod: PodRef) -> None:
+        self._fence.check(f"label {pod}")
+        await self._api.label_gpu_pod(pod)
+
+    def _refused(self, pod: PodRef, error: ApiError) -> None:
+        if error.status == NOT_FOUND or (error.status == INVALID and "uid" in error.message):
+            return  # gone, or replaced by a namesake (its UID is not the one sent)
         self._log.warning(
             "gpu_pod_not_labelled",
             pod=str(pod),
-            error=error.message if isinstance(error, ApiError) else repr(error),
+            error=error.message,
             consequence="the apiserver's placement policy does not judge its updates",
             fix="give the operator's ServiceAccount patch on pods/status (the shipped "
             "ClusterRole has it), or label it: kubectl label pod -n "

@@ -359,7 +359,8 @@ class Scheduler:
             # pending pod never stand: gpu-index is ours, and gpu-assigned starts "false".
             annotations[contract.GPU_ASSIGNED] = contract.GPU_ASSIGNED_FALSE
         # A GPU pod made before gpushare labelled them comes under the placement policy
-        # with the write that places it.
+        # with the write that places it (Kubernetes 1.35 on; before, the labeller's write
+        # follows).
         labels = contract.GPU_POD_LABELS if decision.pod.unlabelled else NO_LABELS
         config = self._config()
         # Not `retry`: each refusal has its own outcome below, and the last failure, too, is

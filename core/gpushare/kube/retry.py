@@ -8,7 +8,8 @@ The policies, by what is tried again:
 | policy | for | delays | tries |
 | --- | --- | --- | --- |
 | `bind_policy(...)` | the scheduler's Binding | the live backoff settings | 5 |
-| `WRITE` | Events, PodScheduled, evictions, `gpu-assigned`, the GPU pod label | 0.5 s to 4 s | 5 |
+| `WRITE` | Events, PodScheduled, evictions, `gpu-assigned` | 0.5 s to 4 s | 5 |
+| `LABEL` | the operator's GPU pod label on a pod made without it | 0.5 s to 30 s | until done |
 | `READ` | the CLI's reads | 0.25 s to 2 s | 8 |
 | `KUBELET_RECORDS` | the plugin asking the kubelet which pod it is admitting | 5 ms to 0.16 s | 7 |
 | `PUBLISH` | written once before serving: GPUNode, webhook Secret | 0.5 s to 5 s | until done |
@@ -97,6 +98,10 @@ KUBELET_RECORDS = RetryPolicy("kubelet-records", Backoff(0.005, 0.16), attempts=
 """Reading the kubelet's pod-resources records during an Allocate or GetPreferredAllocation:
 it answers 100 calls a second in bursts of 10 (a token comes back every 10 ms), shared with
 its other clients; about 0.3 s of tries."""
+LABEL = RetryPolicy("label", Backoff(0.5, 30.0))
+"""Until done: a pod made before gpushare labelled GPU pods may see no other event for days,
+and until labelled its placement is not guarded (the labeller's queue waits behind it: the
+failures tried again are the apiserver's, which every pod would meet)."""
 PUBLISH = RetryPolicy("publish", Backoff(0.5, 5.0))
 REGISTER = RetryPolicy("register", Backoff(1.0, 30.0))
 WATCH = RetryPolicy("watch", Backoff(0.5, 30.0))

@@ -188,14 +188,13 @@ def _gpu_pod_label(pod: Body) -> dict[str, str]:
 
 
 _GPU_RESOURCES = frozenset({contract.GPU_MEMORY, contract.GPU_NUMBER})
+_MIRROR = "kubernetes.io/config.mirror"
+"""The annotation of a static pod's mirror (the kubelet's copy in the API)."""
 
 
-def lacks_gpu_pod_label(pod: Body) -> bool:
-    """A GPU pod without `contract.GPU_POD_LABEL`: one created before gpushare labelled GPU
-    pods, or while it was not installed. The placement policy judges it only once labelled
-    (the operator does that)."""
-    if contract.GPU_POD_LABEL in labels_of(pod):
-        return False
+def asks_for_gpus(pod: Body) -> bool:
+    """Whether a container of the pod (init containers too) names a GPU resource in its limits
+    or requests, whatever the amount."""
     spec = path(pod, "spec")
     return any(
         name in _GPU_RESOURCES
@@ -203,6 +202,18 @@ def lacks_gpu_pod_label(pod: Body) -> bool:
         for container in sequence(spec.get(field))
         for side in ("limits", "requests")
         for name in path(container, "resources", side)
+    )
+
+
+def lacks_gpu_pod_label(pod: Body) -> bool:
+    """A GPU pod without `contract.GPU_POD_LABEL`: one created before gpushare labelled GPU
+    pods, or while it was not installed. The placement policy judges it only once labelled
+    (the operator does that). A static pod's mirror is none: it gets no card, and the policies
+    leave it alone."""
+    return (
+        contract.GPU_POD_LABEL not in labels_of(pod)
+        and _MIRROR not in annotations_of(pod)
+        and asks_for_gpus(pod)
     )
 
 

@@ -160,7 +160,7 @@ class PodInfo:
                 for owner in raw.get("metadata", {}).get("ownerReferences") or ()
             ),
             preempts=spec.get("preemptionPolicy") != "Never",
-            unlabelled=lacks_gpu_pod_label(body),
+            unlabelled=lacks_gpu_pod_label(raw),  # the slim copy has no mirror annotation
         )
 
     @classmethod

@@ -58,7 +58,7 @@ async def test_a_pod_is_moved_to_make_room_only_while_the_lease_is_fresh() -> No
         queue=SchedulingQueue(config=config),
         gangs=GangBook(),
         reporter=Reporter(api=api),  # type: ignore[arg-type]  # queued, never sent here
-        labeller=Labeller(api=None, fence=WriteFence(lambda: True), binds=bool),  # type: ignore[arg-type]  # queued, never sent here
+        labeller=Labeller(api=None, fence=WriteFence(lambda: True), binds=bool),  # type: ignore[arg-type]  # never run here
     )
     intake.node_event("ADDED", ready_node("n", 20000, 2))
     intake.pod_event("ADDED", running("small", 3000, 0))

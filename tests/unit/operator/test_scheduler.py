@@ -66,7 +66,7 @@ def loop(
         queue=SchedulingQueue(config=config, clock=lambda: now[0]),
         gangs=GangBook(),
         reporter=Reporter(api=None),  # type: ignore[arg-type]  # forget() makes no call
-        labeller=Labeller(api=None, fence=WriteFence(lambda: True), binds=bool),  # type: ignore[arg-type]  # queued, never sent here
+        labeller=Labeller(api=None, fence=WriteFence(lambda: True), binds=bool),  # type: ignore[arg-type]  # never run here
     )
     node = ready_node("n", 20000, 2)
     intake.node_event("ADDED", node)

@@ -437,7 +437,7 @@ async def test_a_pods_placement_record_is_written_by_gpushare_alone(
     plain["spec"]["containers"][0]["resources"] = {}
     await raw_json(create(core, plain))
     await raw_json(annotate(core, "plain", {contract.GPU_INDEX: "0", contract.GPU_MEMORY_MIB: "x"}))
-    # Anyone may add the label (as an admin does to GPU pods created before it existed): the
+    # Anyone may add the label (as the operator does to GPU pods made before it existed): the
     # pod is judged from then on.
     await raw_json(relabel(core, "plain", {contract.GPU_POD_LABEL: contract.GPU_POD_LABEL_VALUE}))
     now_judged = await refusal(
