@@ -19,6 +19,9 @@ from kubernetes_asyncio.config import ConfigException, list_kube_config_contexts
 from gpushare import kube
 from gpushare_cli.errors import CliError
 
+COMPONENT = "kubectl-gpushare"
+"""Its user agent: the apiserver's audit log names it so."""
+
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 """Where a pod's service account token and namespace are mounted."""
 
@@ -114,9 +117,11 @@ async def connect(source: Source) -> client.ApiClient:
     kubeconfig cannot be used."""
     try:
         if source.in_cluster:
-            return await kube.api_client()  # tries the service account first
+            return await kube.api_client(user_agent=COMPONENT)  # the service account first
         # The client merges a list of files given as one string, as $KUBECONFIG holds it.
-        return await kube.api_client(Path(_joined(source)), context=source.context)
+        return await kube.api_client(
+            Path(_joined(source)), context=source.context, user_agent=COMPONENT
+        )
     except ConfigException as error:
         raise CliError(
             f"cannot use {source.describe()}: {error}; name a context with --context, or "

@@ -20,6 +20,8 @@ from gpushare.model import contract
 from gpushare.model.usage import PodRef
 
 _TIMEOUT_S = 10
+COMPONENT = "gpushare-device-plugin"
+"""Its user agent: the apiserver's audit log and the pods' managedFields name it so."""
 
 
 class PluginApi:

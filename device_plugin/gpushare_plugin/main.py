@@ -29,7 +29,7 @@ from gpushare_plugin.discovery.fake import FakeDiscovery
 from gpushare_plugin.discovery.nvml import NvmlDiscovery
 from gpushare_plugin.health import CardHealth, watch_health
 from gpushare_plugin.inventory import InventoryPublisher, keep_beating
-from gpushare_plugin.kubeapi import PluginApi
+from gpushare_plugin.kubeapi import COMPONENT, PluginApi
 from gpushare_plugin.lifecycle import Supervisor
 from gpushare_plugin.metrics import PluginMetrics
 from gpushare_plugin.podcache import PodCache
@@ -84,7 +84,7 @@ async def run(config: PluginConfig, stop: asyncio.Event) -> int:
         )
         metrics = PluginMetrics(node=config.node_name)
         metrics.serve(config.metrics_port)
-        async with await api_client(config.kubeconfig) as client:
+        async with await api_client(config.kubeconfig, user_agent=COMPONENT) as client:
             api = PluginApi(client)
             kubelet_records = (
                 None

@@ -32,7 +32,7 @@ from gpushare.model import GpuShareError, contract
 from gpushare.model.admission import NOTHING, admit
 from gpushare.model.bodies import mapping
 from gpushare_operator.config import OperatorConfig, load
-from gpushare_operator.kubeapi import KubeSchedulerApi
+from gpushare_operator.kubeapi import COMPONENT, KubeSchedulerApi
 from gpushare_operator.runtime import Runtime
 from gpushare_operator.webhook import (
     CertificateMissing,
@@ -76,7 +76,7 @@ async def startup(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> No
     settings.watching.server_timeout = 300
     # HTTP/1.1, a connection per call in flight: the watches, reads, reports, status writes
     # and evictions. Bindings and Events go over an HTTP/2 connection of their own (kubeapi).
-    api_client = await kube.api_client(connections=_CONNECTIONS)
+    api_client = await kube.api_client(connections=_CONNECTIONS, user_agent=COMPONENT)
     api = KubeSchedulerApi(api_client, identity=config.identity, timeout_s=config.bind_timeout_s)
     state = Runtime(config=config, api=api, on_failure=_stop_operator)
     api.fence_leader_writes(state.fence.check, state.fence.stamp, state.elector.on_term_refused)

@@ -65,12 +65,17 @@ async def read_pod(
 
 
 async def api_client(
-    kubeconfig: Path | None = None, *, context: str | None = None, connections: int = 100
+    kubeconfig: Path | None = None,
+    *,
+    context: str | None = None,
+    connections: int = 100,
+    user_agent: str | None = None,
 ) -> client.ApiClient:
     """An ApiClient for `kubeconfig` (its `context`, else its current one), else the in-cluster
     service account, else the default kubeconfig ($KUBECONFIG, ~/.kube/config), with at most
-    `connections` open at once (each holds one call: HTTP/1.1). The caller closes it
-    (`async with`)."""
+    `connections` open at once (each holds one call: HTTP/1.1). `user_agent` names the
+    component to the apiserver: its audit log, and the manager of the fields it writes
+    (`managedFields`). The caller closes it (`async with`)."""
     configuration = client.Configuration()
     configuration.connection_pool_maxsize = connections
     if kubeconfig is not None or context is not None:
@@ -87,6 +92,8 @@ async def api_client(
         except config.ConfigException:
             await config.load_kube_config(client_configuration=configuration)
     api = client.ApiClient(configuration)
+    if user_agent is not None:
+        api.user_agent = user_agent
     if not _proxy_in_environment():
         _without_environment_lookups(api)
     return api
