@@ -20,6 +20,7 @@ from gpushare.model import (
     Placement,
     PodRef,
     PodRequest,
+    contract,
     diagnose,
     find_placement,
 )
@@ -105,7 +106,9 @@ def _place(
     best = best or find_placement(cache.ledger, request, policy, node_check=node_check)
     if best is None:
         summary = diagnose(cache.ledger, request, node_check, exactness).summary()
-        return Refusal(summary, exactness.first_wait_ends_in, request.signature)
+        return Refusal(
+            summary + _unconverted(cache, demand), exactness.first_wait_ends_in, request.signature
+        )
     held = next(filter(None, (exactness(best.node, card) for card in best.cards)), None)
     if held is None:
         return _plan(best, request, needs, exactness)
@@ -126,6 +129,23 @@ def _place(
     nodes = len(cache.ledger.nodes()) + len(cache.ledger.nodes_without_gpu())
     message = f"0/{nodes} nodes are available now; the best fit is {where}, {held}"
     return Refusal(message, exactness.first_wait_ends_in, request.signature)
+
+
+def _unconverted(cache: SchedulerCache, demand: Demand) -> str:
+    """Why a gpu-memory pod the webhook never saw may ask far more than its author meant:
+    its limits are read as devices of the node's unit, and a limit written in MiB asks that
+    many devices (the kubelet would count them so too)."""
+    if demand.request.kind is not GpuKind.MEMORY or demand.unit_mib is not None:
+        return ""
+    units = sorted({usage.inventory.unit_mib for usage in cache.ledger.nodes().values()} - {1})
+    if not units:
+        return ""
+    return (
+        f"; its {GpuKind.MEMORY.value} limits count devices of "
+        f"{'/'.join(map(str, units))} MiB: it carries no {contract.MEMORY_UNIT_MIB}, so "
+        "gpushare's admission webhook never converted them (it was created while the webhook "
+        "did not run). If they are MiB, delete the pod and create it again"
+    )
 
 
 def _as_good(ledger: Ledger, best: Placement, other: Placement) -> bool:

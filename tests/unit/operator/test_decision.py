@@ -3,9 +3,9 @@ exactness rule waits for it, briefly, rather than taking a worse card elsewhere.
 
 from __future__ import annotations
 
-from builders import capacity_node, gpu_pod
+from builders import capacity_node, gpu_pod, gpunode_resource
 
-from gpushare.model import CardIndex, NodeName, Policy
+from gpushare.model import CardIndex, NodeName, Policy, contract
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.scheduling.cache import SchedulerCache
 from gpushare_operator.scheduling.decision import QUIET_WAIT_S, Plan, Refusal, plan
@@ -134,3 +134,33 @@ def test_a_reservation_ends_when_the_pod_is_bound() -> None:
     usage = cache.ledger.node(NodeName("n"))
     assert usage is not None
     assert usage.cards[CardIndex(1)].used == 0
+
+
+def test_a_pod_the_webhook_never_converted_is_told_why_it_asks_so_much_and_what_to_do() -> None:
+    """Created while gpushare was uninstalled, its 1024 (MiB, meant) count devices of 512 MiB."""
+    cache = SchedulerCache(config=lambda: CONFIG)
+    node = capacity_node("n", 44, 2)
+    node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    node["status"]["allocatable"] = {**node["status"]["capacity"], "pods": "110"}
+    cache.observe_node(node)
+    inventory = gpunode_resource("n", [11264, 11264])
+    inventory["spec"]["memoryUnitMiB"] = 512
+    cache.observe_gpunode(inventory)
+    unconverted = decide(cache, "late", 1024)
+    assert isinstance(unconverted, Refusal)
+    assert unconverted.message.endswith(
+        f"; its volcano.sh/gpu-memory limits count devices of 512 MiB: it carries no "
+        f"{contract.MEMORY_UNIT_MIB}, so gpushare's admission webhook never converted them (it "
+        "was created while the webhook did not run). If they are MiB, delete the pod and "
+        "create it again"
+    )
+    converted = gpu_pod("big", 30, uid="ubig")
+    converted["metadata"]["annotations"] = {
+        contract.MEMORY_UNIT_MIB: "512",
+        contract.GPU_MEMORY_MIB: "cuda-container=15360",
+    }
+    pod = PodInfo.parse(converted)
+    cache.observe_pod(pod)
+    refused = plan(cache, pod, Policy.BESTFIT)
+    assert isinstance(refused, Refusal)
+    assert "never converted" not in refused.message

@@ -410,8 +410,10 @@ def test_helm_upgrade_with_a_crd_change_keeps_a_gpu_pod_running(
 def test_helm_uninstall_removes_the_release_and_leaves_crds_namespace_and_running_pods(
     installed: Installed, binaries: Binaries, tmp_path: Path
 ) -> None:
-    """The chart README's list, as the cluster shows it after `helm uninstall` (the last test
-    of the module: the release is gone after it)."""
+    """The chart README's list, as the cluster shows it after `helm uninstall`; and what it
+    says of installing again: a GPU pod made meanwhile (no webhook, no scheduler), its limit
+    in units, is placed, labelled and runs with its card; one whose limit is MiB waits, told
+    to be created again (the last test of the module)."""
     running = start_guide_pod(installed, tmp_path, "kept")
     env = installed.gpu_env("kept")
     run_helm(installed, binaries, "uninstall", "gpushare", "--wait")
@@ -446,3 +448,26 @@ def test_helm_uninstall_removes_the_release_and_leaves_crds_namespace_and_runnin
     after = installed.running("kept")
     assert after["metadata"]["uid"] == running["metadata"]["uid"]
     assert installed.gpu_env("kept") == env
+
+    # GPU pods made while it is uninstalled: no webhook labels them or converts their limits.
+    guide = (MANIFESTS / "examples" / "gpu-pod1.yaml").read_text()
+    for name, limit in (("late", "2"), ("late-mib", "1024")):  # 2 units of 512 MiB; 1024 MiB
+        manifest = tmp_path / f"{name}.yaml"
+        written = guide.replace("name: gpu-pod1", f"name: {name}")
+        manifest.write_text(written.replace("gpu-memory: 1024 ", f"gpu-memory: {limit} "))
+        installed.kubectl("apply", "-f", str(manifest))
+        labels = installed.get("pod", name)["metadata"].get("labels", {})
+        assert contract.GPU_POD_LABEL not in labels
+    assert installed.install is not None
+    installed.install(installed)
+    installed.rolled_out()
+    late = installed.running("late")
+    assert late["metadata"]["labels"][contract.GPU_POD_LABEL] == contract.GPU_POD_LABEL_VALUE
+    assert installed.gpu_env("late")[contract.ENV_GPU_ALLOCATED] == "1024"
+    # The one written in MiB asks for 1024 devices of 512 MiB: it waits, told why and the fix.
+    deadline = time.monotonic() + 60
+    while "If they are MiB, delete the pod and create it again" not in str(
+        installed.get("pod", "late-mib")["status"].get("conditions")
+    ):
+        assert time.monotonic() < deadline, installed.get("pod", "late-mib")["status"]
+        time.sleep(1)
