@@ -36,8 +36,6 @@ class Installed:
     kubeconfig: Path
     operator_namespace: str = "gpushare-system"
     plugin_namespace: str = "gpushare-device-plugin"  # the kustomize install's; Helm's: one
-    install: Callable[[Installed], None] | None = None
-    """How it was installed: called again, it installs gpushare anew (after an uninstall)."""
 
     def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         assert self.cluster.plane is not None
@@ -144,7 +142,7 @@ def installed_by(
         node = cluster.add_node(NODE)
         for image in images.values():
             node.import_image(image.archive)
-        done = Installed(cluster, node, images, cluster.plane.kubeconfig, *namespaces, install)
+        done = Installed(cluster, node, images, cluster.plane.kubeconfig, *namespaces)
         done.kubectl("label", "node", NODE, "gpushare=true")
         install(done)
         done.rolled_out()
