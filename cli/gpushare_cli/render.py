@@ -53,6 +53,7 @@ def inspect_json(report: Sequence[NodeReport]) -> list[dict[str, Any]]:
             "unitMiB": node.unit_mib,
             "usedMiB": node.used_mib,
             "totalMiB": node.total_mib,
+            "measuredAt": node.measured_at,
             "cards": [
                 {
                     "index": card.index,
@@ -68,6 +69,8 @@ def inspect_json(report: Sequence[NodeReport]) -> list[dict[str, Any]]:
                             "name": pod.name,
                             "mib": pod.mib,
                             "measuredMiB": pod.measured_mib,
+                            "grantedMiB": pod.granted_mib,
+                            "over": pod.over,
                         }
                         for pod in card.pods
                     ],
@@ -107,7 +110,8 @@ def render_inspect(report: Sequence[NodeReport], detail: bool, wide: bool = Fals
                         _pods_on_card(card),
                     )
                 )
-            rows.append(("", "total", "", f"{node.used_mib}/{node.total_mib}", "", "", ""))
+            measured = f"at {node.measured_at}" if node.measured_at else ""
+            rows.append(("", "total", "", f"{node.used_mib}/{node.total_mib}", measured, "", ""))
         return table(rows)
     most = max(len(node.cards) for node in report)
     head = ("NODE", *(f"GPU{i}(Used/Total)" for i in range(most)), "GPU MEMORY MiB")
@@ -167,12 +171,19 @@ def _pods_on_card(card: CardReport) -> str:
 
 
 def _pod_on_card(pod: PodOnCard) -> str:
-    """`ns/name 1024 MiB`, and what it holds there when measured: `(uses 3000, over)`."""
+    """`ns/name 1024 MiB`, and what it holds there when measured: `(uses 3000, over)`, with
+    what it was granted where that is not what it holds the devices of: `(uses 1010 of 1000
+    granted, over)`."""
     shown = f"{pod.namespace}/{pod.name} {pod.mib} MiB"
     if pod.measured_mib is None:
         return shown
-    over = ", over" if pod.measured_mib > pod.mib else ""
-    return f"{shown} (uses {pod.measured_mib}{over})"
+    granted = (
+        f" of {pod.granted_mib} granted"
+        if pod.granted_mib is not None and pod.granted_mib != pod.mib
+        else ""
+    )
+    over = ", over" if pod.over else ""
+    return f"{shown} (uses {pod.measured_mib}{granted}{over})"
 
 
 def _health(card: CardReport) -> str:

@@ -89,6 +89,12 @@ class PodOnCard:
     """What it holds on the card: its gpu-memory, or the whole card for a gpu-number pod."""
     measured_mib: int | None = None
     """What its processes hold there, as the device plugin last measured (None: unmeasured)."""
+    granted_mib: int | None = None
+    """What its measured containers were granted there (the MiB they asked, not the devices
+    reserved); None: unmeasured, or not known."""
+    over: bool = False
+    """A container of it holds more there than it was granted, as the operator judges it (each
+    container against the MiB it asked)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -121,6 +127,8 @@ class NodeReport:
     unit_mib: int
     cards: tuple[CardReport, ...]
     """By index."""
+    measured_at: str | None = None
+    """When the device plugin last measured (RFC 3339); None: it has not."""
 
     @property
     def used_mib(self) -> int:
@@ -175,6 +183,17 @@ def _node_report(
             return sum(u.used_mib for u in uses) + measured.unmapped_mib.get(index, 0)
         return sum(u.used_mib for u in uses if u.pod.uid == pod.uid)
 
+    def judged(index: CardIndex, pod: PodRef) -> tuple[int | None, bool]:
+        """What its measured containers were granted there, and whether one is over it."""
+        uses = [
+            u
+            for u in (measured.containers if measured is not None else ())
+            if u.card == index and u.pod.uid == pod.uid
+        ]
+        granted = [u.granted_mib for u in uses]
+        known = sum(g for g in granted if g is not None) if uses and None not in granted else None
+        return known, any(u.over for u in uses)
+
     def card(index: CardIndex, held: CardUsage) -> CardReport:
         others = [stand_ins[uid] for uid in held.pods if uid in stand_ins]
         return CardReport(
@@ -187,7 +206,9 @@ def _node_report(
             pods=tuple(
                 sorted(
                     (
-                        _on_card(ledger, uid, pod, held, unit, used_by(index, pod))
+                        _on_card(
+                            ledger, uid, pod, held, unit, used_by(index, pod), judged(index, pod)
+                        )
                         for uid, pod in held.pods.items()
                         if uid not in stand_ins and namespace in (None, pod.namespace)
                     ),
@@ -208,6 +229,7 @@ def _node_report(
         source=usage.inventory.source,
         unit_mib=unit,
         cards=tuple(card(index, held) for index, held in sorted(usage.cards.items())),
+        measured_at=measured.at if measured is not None else None,
     )
 
 
@@ -221,14 +243,25 @@ def _stand_ins(cluster: Cluster) -> dict[PodUid, Body]:
 
 
 def _on_card(  # noqa: PLR0917 - one private helper
-    ledger: Ledger, uid: PodUid, pod: PodRef, held: CardUsage, unit: int, measured: int | None
+    ledger: Ledger,
+    uid: PodUid,
+    pod: PodRef,
+    held: CardUsage,
+    unit: int,
+    measured: int | None,
+    judged: tuple[int | None, bool] = (None, False),
 ) -> PodOnCard:
     allocation = ledger.allocation(uid)
     units = held.card.memory
     if allocation is not None and allocation.kind is GpuKind.MEMORY:
         units = allocation.amount
     return PodOnCard(
-        namespace=pod.namespace, name=pod.name, mib=units * unit, measured_mib=measured
+        namespace=pod.namespace,
+        name=pod.name,
+        mib=units * unit,
+        measured_mib=measured,
+        granted_mib=judged[0],
+        over=judged[1],
     )
 
 

@@ -18,6 +18,9 @@ from builders import gpu_pod
 from scripted import Apiserver, listing
 
 from gpushare.model import contract
+from gpushare.model.annotations import CardIndex
+from gpushare.model.measured import ContainerUse, MeasuredUsage
+from gpushare.model.usage import PodRef, PodUid
 from gpushare_cli.kubeconfig import Source
 from gpushare_cli.main import main, parser, program_name
 
@@ -59,9 +62,9 @@ def converted(pod: dict[str, Any], mib: int) -> dict[str, Any]:
     return pod
 
 
-def crowded(apiserver: Apiserver, *, unhealthy: tuple[int, ...] = ()) -> None:
+def crowded(apiserver: Apiserver, *, unhealthy: tuple[int, ...] = ()) -> list[dict[str, Any]]:
     """Two nodes whose every card has some room, none 90112 MiB (176 x 512 MiB): gpu-1's
-    eight cards each with a different amount free, gpu-2's two with the same."""
+    eight cards each with a different amount free, gpu-2's two with the same; the pods."""
     pods = [
         converted(gpu_pod(f"p{i}", 120 + 3 * i, node="gpu-1", index=str(i), phase="Running"), 1)
         for i in range(8)
@@ -74,6 +77,7 @@ def crowded(apiserver: Apiserver, *, unhealthy: tuple[int, ...] = ()) -> None:
     apiserver["/api/v1/nodes"] = listing(node("gpu-1"), node("gpu-2"))
     apiserver["/api/v1/pods"] = listing(*pods)
     apiserver[GPUNODES] = listing(h200s("gpu-1", unhealthy=unhealthy), h200s("gpu-2", 2))
+    return pods
 
 
 def gpushare(capsys: pytest.CaptureFixture[str], source: Source, *args: str) -> tuple[int, str]:
@@ -275,3 +279,33 @@ def test_defrag_wide_names_the_controller_that_replaces_each_moved_pod(
         "  move default/a (3000 MiB) from n card 0 to n card 1, replaced by its "
         "ReplicaSet/web-1" in wide.splitlines()
     )
+
+
+def test_inspect_marks_over_what_the_operator_judges_over_and_says_when_it_was_measured(
+    apiserver: Apiserver, source: Source, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # q0 asked 1 MiB (200 devices of 512 MiB reserved): its 600 MiB are over its grant, though
+    # under what it reserves; q1 within its share.
+    pods = {p["metadata"]["name"]: p for p in crowded(apiserver)}
+    uses = tuple(
+        ContainerUse(
+            pod=PodRef(namespace="default", name=name, uid=PodUid(pods[name]["metadata"]["uid"])),
+            container="cuda-container",
+            card=CardIndex(index),
+            used_mib=used,
+            granted_mib=granted,
+        )
+        for name, index, used, granted in (("q0", 0, 600, 1), ("q1", 1, 1, 1))
+    )
+    measured = MeasuredUsage(at="2026-12-07T10:00:00Z", containers=uses, unmapped_mib={})
+    gpunode = h200s("gpu-2", 2)
+    gpunode["metadata"]["annotations"] = {contract.MEASURED_USAGE: measured.to_annotation()}
+    apiserver[GPUNODES] = listing(h200s("gpu-1"), gpunode)
+    _, out = gpushare(capsys, source, "inspect", "gpu-2", "-d")
+    assert "default/q0 102400 MiB (uses 600 of 1 granted, over)" in out
+    assert "default/q1 102400 MiB (uses 1 of 1 granted)" in out
+    assert "at 2026-12-07T10:00:00Z" in out
+    _, document = gpushare(capsys, source, "inspect", "gpu-2", "-o", "json")
+    (shown,) = json.loads(document)
+    assert shown["measuredAt"] == "2026-12-07T10:00:00Z"
+    assert [pod["over"] for card in shown["cards"] for pod in card["pods"]] == [True, False]
