@@ -33,7 +33,7 @@ for part in ("core", "device_plugin"):
     sys.path.insert(0, str(ROOT / part))
 
 from gpushare.model.annotations import CardIndex  # noqa: E402
-from gpushare.model.limits import LimitSettings, framework_limits  # noqa: E402
+from gpushare.model.limits import Framework, LimitSettings, framework_limits  # noqa: E402
 from gpushare.model.measured import CgroupPlace, Grant, Process, measure  # noqa: E402
 from gpushare.model.overuse import OverUsePolicy, OverUseWatch  # noqa: E402
 from gpushare.model.usage import PodRef, PodUid  # noqa: E402
@@ -84,7 +84,11 @@ def run(fake: bool, python: str) -> dict[str, object]:
 
         discovery = NvmlDiscovery()
     (card, *_) = discovery.cards()
-    limits = framework_limits(GRANT_MIB, card.memory_mib, LimitSettings())
+    # Every framework's, PyTorch's included (an admin's --framework-limits=all, or a pod's
+    # gpushare.io/framework-limits): the machine's PyTorch is 2.11.
+    limits = framework_limits(
+        GRANT_MIB, card.memory_mib, LimitSettings(frameworks=frozenset(Framework))
+    )
     result: dict[str, object] = {
         "card": {"model": card.model, "MiB": card.memory_mib},
         "grant_env": dict(limits.env),

@@ -21,7 +21,13 @@ from gpushare.model.device_list import (
     VisibleDevices,
     cdi_kind,
 )
-from gpushare.model.limits import DEFAULT_CONTEXT_MIB, LimitSettings
+from gpushare.model.limits import (
+    DEFAULT_CONTEXT_MIB,
+    DEFAULT_FRAMEWORKS,
+    Framework,
+    LimitSettings,
+    frameworks_named,
+)
 from gpushare.options import Option
 from gpushare_plugin.health import HealthPolicy
 
@@ -54,8 +60,9 @@ class PluginConfig:
     scheduler_names: frozenset[str] = frozenset({contract.DEFAULT_SCHEDULER_NAME})
     """Only pods of these schedulers (the operator's) are served."""
     log_level: str = "info"
-    framework_limits: bool = True
-    """Give containers that share a card the frameworks' limits (`gpushare.model.limits`)."""
+    framework_limits: frozenset[Framework] = DEFAULT_FRAMEWORKS
+    """The frameworks whose limits containers that share a card get, unless their pod names
+    its own (`gpushare.model.limits`)."""
     cuda_context_mib: int = DEFAULT_CONTEXT_MIB
     mps: bool = False
     usage_interval_s: float = 5.0
@@ -67,10 +74,10 @@ class PluginConfig:
     not asked."""
 
     @property
-    def limits(self) -> LimitSettings | None:
-        if not self.framework_limits:
-            return None
-        return LimitSettings(context_mib=self.cuda_context_mib, mps=self.mps)
+    def limits(self) -> LimitSettings:
+        return LimitSettings(
+            frameworks=self.framework_limits, context_mib=self.cuda_context_mib, mps=self.mps
+        )
 
     @property
     def listing(self) -> DeviceListing:
@@ -83,6 +90,16 @@ def _node_name(raw: str) -> str:
     if not raw:
         raise ValueError("NODE_NAME is required: set it from the downward API (spec.nodeName)")
     return raw
+
+
+def _frameworks(raw: str) -> frozenset[Framework]:
+    """`--framework-limits`: a comma list, all or none; its values from before it named
+    frameworks (true, false, 1, 0, yes, no) mean all and none."""
+    try:
+        legacy = options.boolean(raw.strip())
+    except ValueError:
+        return frameworks_named(raw)
+    return frozenset(Framework) if legacy else frozenset()
 
 
 def _path_or_none(raw: str) -> Path | None:
@@ -232,9 +249,10 @@ OPTIONS = (
         field="framework_limits",
         env="GPUSHARE_FRAMEWORK_LIMITS",
         flag="--framework-limits",
-        parse=options.boolean,
-        help="give containers that share a card the frameworks' own memory limits "
-        "(PyTorch, JAX, TensorFlow; MPS with --mps)",
+        parse=_frameworks,
+        help="the frameworks whose own memory limits containers that share a card get, unless "
+        "their pod names its own: a comma list of pytorch, jax, tensorflow (PyTorch 2.9 or "
+        "later only: older releases fail on the option), all, or none",
     ),
     Option(
         field="cuda_context_mib",

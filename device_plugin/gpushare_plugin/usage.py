@@ -29,6 +29,7 @@ from gpushare.model.allocation import ContainerGrant, NoCandidate, container_gra
 from gpushare.model.bound import BoundPod
 from gpushare.model.device_list import DeviceListing
 from gpushare.model.measured import (
+    UNKNOWN_GRANT,
     CgroupPlace,
     Grant,
     MeasuredUsage,
@@ -90,13 +91,24 @@ class UsageMeter:
         self._refresh_s = refresh_s
         self._published: tuple[str, float] | None = None  # what was written, and when
         self._problems: list[str] = []
+        self._exported: tuple[set[tuple[str, ...]], ...] = (set(), set(), set())
+        """The label sets of the series last set: used, granted (known), unmapped."""
         self._log = logs.get("usage", node=table.node)
 
     async def run(self, interval_s: float) -> None:
         """Measure and publish every `interval_s`, until cancelled."""
         await self._pods.synced.wait()
+        failed: str | None = None
         while True:
-            await self.measure_and_publish()
+            try:
+                await self.measure_and_publish()
+                failed = None
+            except Exception as error:  # Allocate must outlive a failed measurement
+                # NVML or the proc root failing as nobody foresaw: the next measurement may
+                # go. Said once until it changes or a measurement goes.
+                if repr(error) != failed:
+                    failed = repr(error)
+                    self._log.exception("usage_not_measured", error=failed)
             await asyncio.sleep(interval_s)
 
     async def measure_and_publish(self) -> MeasuredUsage:
@@ -121,7 +133,11 @@ class UsageMeter:
 
     def _grants(self, pods: list[BoundPod]) -> dict[tuple[PodUid, str], Grant]:
         """This plugin's record of what it gave each container; for a container served
-        before it started (a restart), the grant worked out again from its pod."""
+        before it started (a restart), the grant worked out again from its pod. The record's
+        entries of pods gone from the node are dropped: it would only grow."""
+        on_node = {pod.ref.uid for pod in pods}
+        for key in [key for key in self._granted if key[0] not in on_node]:
+            del self._granted[key]
         grants = {key: grant_of(grant) for key, grant in self._granted.items()}
         inventory = self._table.inventory()
         for pod in pods:
@@ -131,28 +147,46 @@ class UsageMeter:
                 try:
                     grant = container_grant(pod, position, inventory, listing=self._listing)
                 except NoCandidate:
-                    break  # its annotations cannot say: its use is shown as over
+                    # Its card gone or unhealthy since, its node's unit changed: what it was
+                    # given cannot be told, so its use is shown and never judged.
+                    for container in pod.request.containers:
+                        grants.setdefault((pod.ref.uid, container.name), UNKNOWN_GRANT)
+                    break
                 grants.setdefault((pod.ref.uid, grant.container), grant_of(grant))
         return grants
 
     def _export(self, measured: MeasuredUsage) -> None:
+        """Set each series measured, then remove those no longer measured: a scrape between
+        the two sees every series that is still true (clearing first would hide them)."""
+        node = self._table.node
         used, granted = self._metrics.container_used_bytes, self._metrics.container_granted_bytes
-        used.clear()
-        granted.clear()
+        unmapped = self._metrics.unmapped_used_bytes
+        series: set[tuple[str, ...]] = set()
+        known: set[tuple[str, ...]] = set()
         for use in measured.containers:
-            labels = (
-                self._table.node,
+            labels: tuple[str, ...] = (
+                node,
                 use.pod.namespace,
                 use.pod.name,
                 use.container,
                 str(use.card),
             )
+            series.add(labels)
             used.labels(*labels).set(use.used_mib * MIB)
-            granted.labels(*labels).set(use.granted_mib * MIB)
-        unmapped = self._metrics.unmapped_used_bytes
-        unmapped.clear()
+            if use.granted_mib is not None:
+                known.add(labels)
+                granted.labels(*labels).set(use.granted_mib * MIB)
+        cards: set[tuple[str, ...]] = {(node, str(card)) for card in measured.unmapped_mib}
         for card, mib in measured.unmapped_mib.items():
-            unmapped.labels(self._table.node, str(card)).set(mib * MIB)
+            unmapped.labels(node, str(card)).set(mib * MIB)
+        before_series, before_known, before_cards = self._exported
+        for gone in before_series - series:
+            used.remove(*gone)
+        for gone in before_known - known:
+            granted.remove(*gone)
+        for gone in before_cards - cards:
+            unmapped.remove(*gone)
+        self._exported = series, known, cards
 
     async def _publish(self, measured: MeasuredUsage) -> None:
         text = measured.to_annotation()

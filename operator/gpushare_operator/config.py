@@ -73,6 +73,9 @@ class OperatorConfig:
     set_scheduler_name: bool = False
     over_use_policy: OverUsePolicy = OverUsePolicy.WARN
     over_use_grace_s: float = 30.0
+    over_use_delete_after_s: float = 0.0
+    """With Evict: how long evictions of an over-user may be refused (its PodDisruptionBudgets)
+    before it is deleted instead; 0: never (the budgets always decide)."""
     preemption: bool = True
     defragmentation: Defragmentation = Defragmentation.OFF
     defrag_interval_s: float = 60.0
@@ -112,6 +115,19 @@ _SECONDS_SCHEMA = {
     "exclusiveMinimum": True,
     "maximum": _MAX_SECONDS,
 }
+
+
+def _seconds_or_never(raw: str) -> float:
+    return options.bounded(
+        raw,
+        float,
+        low=0.0,
+        high=float(_MAX_SECONDS),
+        must=f"must be a number of seconds from 0 (never) to {_MAX_SECONDS}",
+    )
+
+
+_SECONDS_OR_NEVER_SCHEMA = {"type": "number", "minimum": 0, "maximum": _MAX_SECONDS}
 
 
 def _count(raw: str) -> int:
@@ -365,6 +381,17 @@ OPTIONS = (
         schema=_SECONDS_SCHEMA,
         parse=_seconds,
         help="seconds a container stays over its grant before the over-use policy acts",
+    ),
+    Option(
+        field="over_use_delete_after_s",
+        env="GPUSHARE_OVER_USE_DELETE_AFTER",
+        flag="--over-use-delete-after",
+        live="overUseDeleteAfterSeconds",
+        schema=_SECONDS_OR_NEVER_SCHEMA,
+        parse=_seconds_or_never,
+        help="with Evict: seconds the evictions of a pod over its grant may be refused (its "
+        "PodDisruptionBudgets, which a tenant may create) before it is deleted instead; 0: never, "
+        "the budgets always decide",
     ),
     Option(
         field="preemption",

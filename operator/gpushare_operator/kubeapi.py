@@ -5,9 +5,10 @@ the pod lacks it), pods/status (PodScheduled; the GPU pod label of other pods th
 events (Scheduled, FailedScheduling; these and the bind in protobuf, as kube-scheduler sends
 them: gpushare.kube.protobuf), gpunodes/status, gpushareconfigs/status, PodGroups'
 status (Volcano's and the coscheduling API's), pods/eviction (a gang's bound pods, when it
-fell below its minimum before it ran), Leases, the Lease term on the
-ValidatingAdmissionPolicyBinding that fences the leader's writes, the admission webhook's
-Secret (created once) and its MutatingWebhookConfiguration's caBundle.
+fell below its minimum before it ran; preemption's victims; over-users), pods (an over-user
+its PodDisruptionBudgets kept past overUseDeleteAfterSeconds, deleted), Leases, the Lease term
+on the ValidatingAdmissionPolicyBinding that fences the leader's writes, the admission
+webhook's Secret (created once) and its MutatingWebhookConfiguration's caBundle.
 Reads of pods, nodes, GPUNodes, PodGroups, PriorityClasses and PodDisruptionBudgets: each
 resource's list call, for the Reflector that lists and watches it (gpushare.kube.reflector);
 single pods are read back after a refused bind.
@@ -104,6 +105,11 @@ class SchedulerApi(Protocol):
     async def evict(self, pod: PodRef) -> None:
         """Evict the pod (the Eviction API: PodDisruptionBudgets are honoured), only if it is
         still the pod `pod.uid` names."""
+        ...
+
+    async def delete_pod(self, pod: PodRef) -> None:
+        """Delete the pod (no PodDisruptionBudget asked: an over-user its budgets kept, when the
+        admin opts in), only if it is still the pod `pod.uid` names."""
         ...
 
     async def patch_podgroup_status(self, group: GroupKey, status: Mapping[str, Any]) -> None:
@@ -451,6 +457,17 @@ class KubeSchedulerApi:
                     _request_timeout=self._timeout,
                 )
             )
+
+    async def delete_pod(self, pod: PodRef) -> None:
+        await raw_json(
+            self._core.delete_namespaced_pod(
+                pod.name,
+                pod.namespace,
+                body=cast(client.V1DeleteOptions, {"preconditions": {"uid": pod.uid}}),
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
+        )
 
     async def patch_podgroup_status(self, group: GroupKey, status: Mapping[str, Any]) -> None:
         api = group.api

@@ -3,7 +3,8 @@
 (`gpushare.model.overuse`): a Warning Event `GPUMemoryOverUse` on the pod of a container held
 over its share for the grace period, and with `Evict` the pod evicted through the Eviction
 API (its PodDisruptionBudgets decide: a refusal is said in an Event and tried again after
-another grace period). Only the over-user's own pod is ever touched.
+another grace period; with overUseDeleteAfterSeconds, once its evictions were refused that long
+the pod is deleted instead). Only the over-user's own pod is ever touched.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+
+from structlog.typing import FilteringBoundLogger
 
 from gpushare import logs
 from gpushare.kube import ApiError
@@ -51,6 +54,9 @@ class OverUseGuard:
         self._watch = OverUseWatch()
         self._log = logs.get("overuse")
 
+    def _grace(self) -> float:
+        return self._config().over_use_grace_s
+
     async def run(self) -> None:
         while True:
             await self.check()
@@ -60,7 +66,9 @@ class OverUseGuard:
         """Judge every node's latest measurement once, and act on what is due."""
         config = self._config()
         now = self._clock()
+        judged: set[str] = set()
         async for name in in_slices(self._cache.gpunode_names()):
+            judged.add(name)
             resource = self._cache.gpunode(name) or {}
             measured = measured_of(resource)
             actions = self._watch.observe(
@@ -71,9 +79,11 @@ class OverUseGuard:
                 policy=config.over_use_policy,
                 grace_s=config.over_use_grace_s,
                 max_age_s=config.plugin_stale_after_s,
+                delete_after_s=config.over_use_delete_after_s,
             )
             for action in actions:
                 await self._act(action)
+        self._watch.keep_nodes(judged)
 
     async def _act(self, action: OverUse) -> None:
         pod = action.use.pod
@@ -83,27 +93,75 @@ class OverUseGuard:
             self._reporter.event(pod, OVER_USE, action.message, warning=True)
             self._metrics.over_use.labels("warned").inc()
             return
+        if action.delete:
+            await self._delete(action, log)
+            return
         try:
             self._fence.check(f"evict {pod}")
             await self._api.evict(pod)
         except Fenced as fenced:
-            self._watch.retry_later(action, self._clock())  # by the leader, whichever it is
+            # Tried again by the leader, whichever it is.
+            self._watch.retry_later(action, self._clock(), after_s=self._grace())
             log.warning("over_use_eviction_fenced", error=str(fenced))
             return
         except (ApiError, OSError, TimeoutError) as error:
-            if isinstance(error, ApiError) and error.status == 404:
-                return  # gone already
-            self._watch.retry_later(action, self._clock())
-            grace = self._config().over_use_grace_s
-            refusal = error.message if isinstance(error, ApiError) else repr(error)
-            message = (
-                f"{action.message}. Evicting it was refused ({refusal}: a "
-                f"PodDisruptionBudget?); tried again in {grace:.0f} s"
-            )
-            log.warning("over_use_eviction_refused", error=refusal)
+            status = error.status if isinstance(error, ApiError) else None
+            if status in (404, 409):
+                return  # gone already, or replaced by a namesake (the UID precondition)
+            grace = self._grace()
+            # What the budgets refuse: 429, or 500 for a pod that more than one selects. A 403
+            # is a missing right, which deleting would not mend.
+            by_budget = status is not None and status != 403
+            self._watch.retry_later(action, self._clock(), after_s=grace, by_budget=by_budget)
+            message = f"{action.message}. {_eviction_refused(error)}; tried again in {grace:.0f} s"
+            log.warning("over_use_eviction_refused", status=status, error=str(error))
             self._reporter.event(pod, OVER_USE, message, warning=True)
             self._metrics.over_use.labels("eviction_refused").inc()
             return
         log.warning("over_use_evicted", container=action.use.container)
         self._reporter.event(pod, OVER_USE, f"{action.message}. Evicted", warning=True)
         self._metrics.over_use.labels("evicted").inc()
+
+    async def _delete(self, action: OverUse, log: FilteringBoundLogger) -> None:
+        """Its PodDisruptionBudgets refused every eviction for the admin's
+        overUseDeleteAfterSeconds: deleted as it is (its UID the precondition)."""
+        pod = action.use.pod
+        refused_for = action.refused_for_s or 0.0
+        try:
+            self._fence.check(f"delete {pod}")
+            await self._api.delete_pod(pod)
+        except Fenced as fenced:
+            self._watch.retry_later(action, self._clock(), after_s=self._grace())
+            log.warning("over_use_delete_fenced", error=str(fenced))
+            return
+        except (ApiError, OSError, TimeoutError) as error:
+            status = error.status if isinstance(error, ApiError) else None
+            if status in (404, 409):
+                return  # gone already, or replaced by a namesake
+            self._watch.retry_later(action, self._clock(), after_s=self._grace())
+            log.warning("over_use_delete_failed", status=status, error=str(error))
+            self._reporter.event(
+                pod, OVER_USE, f"{action.message}. Deleting it failed ({error})", warning=True
+            )
+            return
+        log.warning("over_use_deleted", container=action.use.container, refused_s=refused_for)
+        message = (
+            f"{action.message}. Its eviction was refused for {refused_for:.0f} s, past "
+            "overUseDeleteAfterSeconds: deleted"
+        )
+        self._reporter.event(pod, OVER_USE, message, warning=True)
+        self._metrics.over_use.labels("deleted").inc()
+
+
+def _eviction_refused(error: ApiError | OSError | TimeoutError) -> str:
+    """Why an eviction did not go, as the pod's Event says it."""
+    if not isinstance(error, ApiError):
+        return f"Evicting it failed: the apiserver did not answer ({error!r})"
+    if error.status == 429 and "disruption budget" in error.message.lower():
+        return f"Its PodDisruptionBudget refused the eviction ({error.message})"
+    if error.status == 403:
+        return (
+            f"Evicting it was forbidden ({error.message}): the operator's role needs "
+            "create on pods/eviction (the chart's and the manifests' give it)"
+        )
+    return f"Evicting it was refused ({error.status}: {error.message})"

@@ -36,6 +36,7 @@ from gpushare.model.bodies import (
     text,
 )
 from gpushare.model.errors import InvalidAnnotation, InvalidRequest
+from gpushare.model.limits import frameworks_named
 from gpushare.model.quantity import parse_quantity
 from gpushare.model.request import GpuKind, gpu_request
 
@@ -157,6 +158,7 @@ def admit(pod: Body, settings: AdmissionSettings) -> Admitted:
     if request.kind is None:
         return NOTHING
     who = describe(pod, "pod")
+    _check_frameworks(pod, who)
     scheduler_name = _scheduler_name(pod, request.kind, settings, who)
     labels = _gpu_pod_label(pod)
     if request.kind is GpuKind.NUMBER:
@@ -178,6 +180,20 @@ def admit(pod: Body, settings: AdmissionSettings) -> Admitted:
     return Admitted(
         units=units, annotations=asked.annotations(), labels=labels, scheduler_name=scheduler_name
     )
+
+
+def _check_frameworks(pod: Body, who: str) -> None:
+    """InvalidAnnotation for a `gpushare.io/framework-limits` that names no framework: set at
+    creation and never changed after, a typo would otherwise go unseen for the pod's life."""
+    raw = annotations_of(pod).get(contract.FRAMEWORK_LIMITS)
+    if raw is None:
+        return
+    try:
+        frameworks_named(raw)
+    except ValueError as error:
+        raise InvalidAnnotation(
+            f"{who}: its annotation {contract.FRAMEWORK_LIMITS}={raw!r}: {error}"
+        ) from None
 
 
 def _gpu_pod_label(pod: Body) -> dict[str, str]:

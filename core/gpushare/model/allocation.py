@@ -266,9 +266,11 @@ def container_grant(
     )
     told = tell(kind, allocated_mib, chosen, listing)
     given = NONE
-    if limits is not None and kind is GpuKind.MEMORY and pod.framework_limits:
+    if limits is not None and kind is GpuKind.MEMORY:
         own = pod.env_names.get(container.name, frozenset())
-        given = framework_limits(allocated_mib, chosen[0].total_mib, limits, own=own)
+        given = framework_limits(
+            allocated_mib, chosen[0].total_mib, limits, own=own, frameworks=pod.frameworks
+        )
         problem = problem or given.note
     return ContainerGrant(
         pod=pod.ref,

@@ -12,7 +12,7 @@ from gpushare.model.admission import MemoryAsked, memory_asked
 from gpushare.model.annotations import gpu_assigned, predicate_time_ns
 from gpushare.model.bodies import Body, annotations_of, describe, path, sequence, text
 from gpushare.model.errors import GpuShareError
-from gpushare.model.limits import wanted as limits_wanted
+from gpushare.model.limits import Framework, pod_frameworks
 from gpushare.model.request import ContainerRequest, PodRequest, gpu_request
 from gpushare.model.usage import FINISHED_PHASES, PodRef, pod_ref
 
@@ -41,9 +41,12 @@ class BoundPod:
     env_names: Mapping[str, frozenset[str]] = field(default_factory=dict)
     """Each container's own env names (its values win over what Allocate returns)."""
     container_ids: Mapping[str, str] = field(default_factory=dict)
-    """Each started container's runtime id (without `containerd://`) -> its name."""
-    framework_limits: bool = True
-    """It takes the frameworks' limits (not annotated `framework-limits: off`)."""
+    """Each started container's runtime id (without `containerd://`) -> its name; ephemeral
+    containers (`kubectl debug`) too: they are given no card, so what they hold on one is
+    theirs to answer for."""
+    frameworks: frozenset[Framework] | None = None
+    """The frameworks whose limits its containers get, as it names them in
+    `gpushare.io/framework-limits`; None: the node's."""
     admitted: bool = False
     """The kubelet has admitted it (its status lists containers, or it is past Pending): it
     allocates every container's devices when it admits a pod, so an admitted pod is never
@@ -103,11 +106,15 @@ def bound_pod(pod: Body) -> BoundPod:
         },
         container_ids={
             cid.partition("://")[2] or cid: text(c.get("name")) or ""
-            for field_name in ("containerStatuses", "initContainerStatuses")
+            for field_name in (
+                "containerStatuses",
+                "initContainerStatuses",
+                "ephemeralContainerStatuses",
+            )
             for c in sequence(status.get(field_name))
             if isinstance(c, dict) and (cid := text(c.get("containerID")) or "")
         },
-        framework_limits=limits_wanted(annotations),
+        frameworks=pod_frameworks(annotations),
     )
 
 

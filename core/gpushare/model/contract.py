@@ -40,8 +40,8 @@ ENV_JAX_MEM_FRACTION: Final = "XLA_PYTHON_CLIENT_MEM_FRACTION"
 ENV_TF_ALLOW_GROWTH: Final = "TF_FORCE_GPU_ALLOW_GROWTH"
 ENV_MPS_MEM_LIMIT: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 FRAMEWORK_LIMITS: Final = "gpushare.io/framework-limits"
-"""Pod annotation: ``"off"`` gives its containers none of the frameworks' limits."""
-FRAMEWORK_LIMITS_OFF: Final = "off"
+"""Pod annotation: the frameworks whose limits its containers get (a comma list of `pytorch`,
+`jax`, `tensorflow`; `off`: none), instead of the node's (`gpushare.model.limits`)."""
 
 DEFAULT_SCHEDULER_NAME: Final = "volcano"
 

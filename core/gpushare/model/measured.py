@@ -42,18 +42,29 @@ def container_of(cgroup: str) -> CgroupPlace | None:
     """The container of a process, from the text of its /proc/<pid>/cgroup; None for a
     process in no container (the node's own). Every layout: cgroup v1 and v2, the kubelet's
     `systemd` and `cgroupfs` drivers with or without per-QoS cgroups (then no pod in the
-    path: `/k8s.io/<id>`), containerd, CRI-O and Docker names."""
+    path: `/k8s.io/<id>`), containerd, CRI-O and Docker names. The container is the outermost
+    part of the path that names one: a process in a cgroup below its container's is that
+    container's, whether crun (CRI-O's default runtime on several distributions) put it there
+    (`.../crio-<id>.scope/container`) or the container made it (named like another container,
+    it still names no other)."""
     for line in cgroup.splitlines():
         path = line.split(":", 2)[-1].rstrip("/")
-        leaf = path.rsplit("/", 1)[-1]
-        for prefix in _RUNTIME_PREFIXES:
-            leaf = leaf.removeprefix(prefix)
-        leaf = leaf.removesuffix(".scope")
-        if _CONTAINER_ID.fullmatch(leaf) is None:
-            continue
-        pod = _POD.search(path)
-        return CgroupPlace(PodUid(pod[1].replace("_", "-")) if pod else None, leaf)
+        parts = path.split("/")
+        for depth, part in enumerate(parts):
+            container = _container_id(part)
+            if container is None:
+                continue
+            pod = _POD.search("/".join(parts[:depth]))
+            return CgroupPlace(PodUid(pod[1].replace("_", "-")) if pod else None, container)
     return None
+
+
+def _container_id(part: str) -> str | None:
+    """The runtime id a cgroup's name gives (`cri-containerd-<id>.scope`, `<id>`...), if any."""
+    for prefix in _RUNTIME_PREFIXES:
+        part = part.removeprefix(prefix)
+    part = part.removesuffix(".scope")
+    return part if _CONTAINER_ID.fullmatch(part) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +72,13 @@ class Grant:
     """What a container was given: the MiB it may hold on each of its cards."""
 
     mib: Mapping[CardIndex, int]
+    known: bool = True
+    """False for a GPU container whose grant cannot be worked out (served before the plugin
+    restarted, its card since gone or unhealthy, its node's unit changed): its use is shown,
+    never judged."""
+
+
+UNKNOWN_GRANT = Grant({}, known=False)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -69,12 +87,13 @@ class ContainerUse:
     container: str
     card: CardIndex
     used_mib: int
-    granted_mib: int
-    """0 on a card the container was not given."""
+    granted_mib: int | None
+    """0 on a card the container was not given; None when its grant is not known
+    (`UNKNOWN_GRANT`): then it is never over."""
 
     @property
     def over(self) -> bool:
-        return self.used_mib > self.granted_mib
+        return self.granted_mib is not None and self.used_mib > self.granted_mib
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -121,7 +140,9 @@ class MeasuredUsage:
                             container=str(item["container"]),
                             card=index,
                             used_mib=int(item["usedMiB"]),
-                            granted_mib=int(item["grantedMiB"]),
+                            granted_mib=(
+                                None if item["grantedMiB"] is None else int(item["grantedMiB"])
+                            ),
                         )
                     )
                 if "unmappedMiB" in entry:
@@ -171,7 +192,9 @@ def measure(
     name), for the pods bound to the node (their status names each container's id);
     `grants`: (pod UID, container name) -> what it was given. A process of no known
     container (or whose cgroup names another pod than the id's) is unmapped; a container
-    with no known grant is granted nothing anywhere (its use is reported, and over)."""
+    not in `grants` was given nothing anywhere (a pod that asked for no GPU, an ephemeral
+    container: its use is reported, and over); one granted `UNKNOWN_GRANT` is reported, and
+    never over."""
     used: dict[tuple[PodUid, str, CardIndex], int] = {}
     refs: dict[tuple[PodUid, str], PodRef] = {}
     unmapped: dict[CardIndex, int] = {}
@@ -189,7 +212,7 @@ def measure(
     found = []
     for (uid, name, card), mib in used.items():
         grant = grants.get((uid, name))
-        granted = grant.mib.get(card, 0) if grant is not None else 0
+        granted = 0 if grant is None else grant.mib.get(card, 0) if grant.known else None
         found.append(
             ContainerUse(
                 pod=refs[(uid, name)], container=name, card=card, used_mib=mib, granted_mib=granted

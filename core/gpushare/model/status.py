@@ -136,7 +136,7 @@ def gpunode_status(usage: NodeUsage, measured: MeasuredUsage | None = None) -> d
                     "pod": str(use.pod),
                     "container": use.container,
                     "usedMiB": use.used_mib,
-                    "grantedMiB": use.granted_mib,
+                    **({} if use.granted_mib is None else {"grantedMiB": use.granted_mib}),
                 }
                 for use in uses
             ]

@@ -68,7 +68,8 @@ class Discovery(Protocol):
         ...
 
     def processes(self) -> Processes:
-        """The processes holding memory on each card now (compute and graphics)."""
+        """The processes holding memory on each card now (compute, graphics, MPS clients);
+        DiscoveryError when not one card can say (nothing measured is not nothing used)."""
         ...
 
     def close(self) -> None: ...

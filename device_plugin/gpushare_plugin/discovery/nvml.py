@@ -27,6 +27,15 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+_MORE_LISTS = (
+    ("graphics processes", "nvmlDeviceGetGraphicsRunningProcesses"),
+    ("MPS clients", "nvmlDeviceGetMPSComputeRunningProcesses"),
+)
+"""The process lists beside the compute list, by pynvml's names."""
+_NOT_THERE = (3, 13)
+"""NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND (a driver older than the call)."""
+
+
 class NvmlDiscovery:
     def __init__(self, nvml: ModuleType | None = None) -> None:
         self._nvml: Any = nvml if nvml is not None else importlib.import_module("pynvml")
@@ -111,12 +120,25 @@ class NvmlDiscovery:
         return True
 
     def processes(self) -> Processes:
-        """Compute and graphics processes of every card (a process in both is counted once,
-        with the larger figure); a card that cannot say is a problem, the others still count."""
+        """Compute, graphics and MPS client processes of every card (a process in several
+        lists is counted once, with the larger figure); a card that cannot say is a problem,
+        the others still count; DiscoveryError when no card can. Under MPS, a client's
+        memory is listed by the MPS call alone
+        (the compute list shows the MPS server's); a driver or pynvml without that call, or a
+        card without graphics, lists none there."""
         nvml = self._nvml
         found: list[CardProcess] = []
         problems: list[str] = []
-        for i in range(nvml.nvmlDeviceGetCount()):
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as error:
+            raise DiscoveryError(f"NVML could not count the cards ({error})") from error
+        more = [
+            (what, call)
+            for what, name in _MORE_LISTS
+            if (call := getattr(nvml, name, None)) is not None
+        ]
+        for i in range(count):
             seen: dict[int, int | None] = {}
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(i)
@@ -124,19 +146,25 @@ class NvmlDiscovery:
             except nvml.NVMLError as error:
                 problems.append(f"card {i}: NVML could not list its processes ({error})")
                 continue
-            try:
-                listed += nvml.nvmlDeviceGetGraphicsRunningProcesses(handle)
-            except nvml.NVMLError as error:
-                if getattr(error, "value", None) != nvml.NVML_ERROR_NOT_SUPPORTED:
-                    problems.append(f"card {i}: NVML could not list its graphics ({error})")
+            for what, call in more:
+                try:
+                    listed += call(handle)
+                except nvml.NVMLError as error:
+                    if getattr(error, "value", None) not in _NOT_THERE:
+                        problems.append(f"card {i}: NVML could not list its {what} ({error})")
             for process in listed:
                 used = getattr(process, "usedGpuMemory", None)
                 mib = int(used) // MIB if isinstance(used, int) else None
-                before = seen.get(int(process.pid))
-                seen[int(process.pid)] = mib if before is None or mib is None else max(mib, before)
+                pid = int(process.pid)
+                # NVML may not know a process's memory in one list and know it in another.
+                figures = [f for f in (seen.get(pid), mib) if f is not None]
+                seen[pid] = max(figures) if figures else None
             found.extend(
                 CardProcess(pid=pid, card=CardIndex(i), used_mib=mib) for pid, mib in seen.items()
             )
+        if count and not found and len(problems) >= count:
+            # Not one card could say: nothing measured, rather than nothing used.
+            raise DiscoveryError("; ".join(problems))
         return Processes(found, problems)
 
     def close(self) -> None:

@@ -38,11 +38,6 @@ from gpushare_operator.scheduling.cache import SchedulerCache
 from gpushare_operator.scheduling.decision import Plan, Refusal, plan
 from gpushare_operator.scheduling.podinfo import PodInfo
 
-HIGHEST_USER_PRIORITY = 1_000_000_000
-"""The highest value a PriorityClass other than the system ones may have (Kubernetes'
-HighestUserDefinablePriority)."""
-SYSTEM_NAMESPACE = "kube-system"
-
 
 class GangBook:
     """The PodGroups as last seen, their members' latest states, and each gang's verdict
@@ -51,6 +46,8 @@ class GangBook:
     def __init__(self) -> None:
         self._specs: dict[GroupKey, GroupSpec | str] = {}
         self._members: dict[GroupKey, dict[PodUid, PodInfo]] = {}
+        self._highest: dict[GroupKey, int] = {}
+        """The highest priority a member of each gang was admitted with."""
         self._group_of: dict[PodUid, GroupKey] = {}
         self._verdicts: dict[GroupKey, GroupVerdict] = {}
         self._priority_classes: dict[str, int] = {}
@@ -92,6 +89,8 @@ class GangBook:
             return
         self._group_of[pod.uid] = pod.group
         self._members.setdefault(pod.group, {})[pod.uid] = pod
+        # A pod's priority never changes (spec.priority is immutable).
+        self._highest[pod.group] = max(self._highest.get(pod.group, pod.priority), pod.priority)
 
     def forget_member(self, uid: PodUid) -> GroupKey | None:
         key = self._group_of.pop(uid, None)
@@ -100,6 +99,9 @@ class GangBook:
             members.pop(uid, None)
             if not members:
                 self._members.pop(key, None)
+                self._highest.pop(key, None)
+            else:
+                self._highest[key] = max(member.priority for member in members.values())
         return key
 
     def observe_priority_class(self, name: str, value: object) -> None:
@@ -113,19 +115,20 @@ class GangBook:
         return set(self._priority_classes)
 
     def priority_of(self, pod: PodInfo) -> int:
-        """The pod's place in the queue: its own priority, or its gang's (the PodGroup's
-        `priorityClassName`) when that is higher, so that gangs go by their priority.
+        """The pod's priority in the queue and in preemption: its own, or its gang's when that
+        is higher, so that a gang goes as one.
 
-        A PodGroup passes through no priority admission, as pods do: a system class
-        (above `HIGHEST_USER_PRIORITY`, such as system-cluster-critical) counts only for a
-        PodGroup of kube-system, where Kubernetes itself confines those classes."""
+        A gang's priority is its PodGroup's `priorityClassName`, but never above the highest
+        priority one of its members was admitted with. A PodGroup passes through no priority
+        admission, as pods do (the Priority plugin, ResourceQuotas scoped to a class): a tenant
+        who may create PodGroups could otherwise name any class on one and lift plain pods to
+        it, to go first and preempt others' pods. A Volcano Job gives its pods its class too."""
         spec = self._specs.get(pod.group) if pod.group is not None else None
         if not isinstance(spec, GroupSpec) or spec.priority_class is None:
             return pod.priority
         value = self._priority_classes.get(spec.priority_class, pod.priority)
-        if value > HIGHEST_USER_PRIORITY and spec.key.namespace != SYSTEM_NAMESPACE:
-            return pod.priority
-        return max(pod.priority, value)
+        admitted = self._highest.get(spec.key, pod.priority)
+        return max(pod.priority, min(value, admitted))
 
     def members(self, key: GroupKey) -> list[PodInfo]:
         return list(self._members.get(key, {}).values())

@@ -186,6 +186,17 @@ def test_annotations_edited_out_of_shape_are_refused_naming_the_fix(
         memory_asked(annotations, owner="pod default/p")
 
 
+@pytest.mark.parametrize("value", ["torch", "pytorch,mxnet", "", " , ", "jax,off", "all,jax"])
+def test_a_framework_limits_annotation_that_names_no_framework_is_refused(value: str) -> None:
+    pod = gpu_pod("p", 1024)
+    pod["metadata"]["annotations"] = {contract.FRAMEWORK_LIMITS: value}
+    with pytest.raises(InvalidAnnotation, match=r"pod default/p: .*comma list of pytorch"):
+        admit(pod, SETTINGS)
+    for named in ("pytorch, jax", "off", "all"):
+        pod["metadata"]["annotations"] = {contract.FRAMEWORK_LIMITS: named}
+        admit(pod, SETTINGS)
+
+
 def test_units_round_up() -> None:
     assert [units_for(mib, 512) for mib in (1, 512, 513, 1024)] == [1, 1, 2, 2]
 

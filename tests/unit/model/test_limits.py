@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import pytest
 from builders import gpu_pod, gpunode_resource
 
 from gpushare.model import contract
 from gpushare.model.allocation import match_container
 from gpushare.model.bound import bound_pod
 from gpushare.model.inventory import NodeName, inventory_from_spec
-from gpushare.model.limits import LimitSettings, framework_limits
+from gpushare.model.limits import (
+    DEFAULT_FRAMEWORKS,
+    Framework,
+    LimitSettings,
+    framework_limits,
+    frameworks_named,
+)
 from gpushare.model.request import GpuKind
 
 H200_MIB = 143771
+EVERY = LimitSettings(frameworks=frozenset(Framework))
 
 
 def test_the_share_less_one_cuda_context_is_the_allocators_fraction_of_the_card() -> None:
-    given = framework_limits(1024, H200_MIB, LimitSettings())
+    given = framework_limits(1024, H200_MIB, EVERY)
     # (1024 - 512) / 143771, rounded down: never more than the grant.
     assert given.env == {
         contract.ENV_PYTORCH_ALLOC_CONF: "per_process_memory_fraction:0.003561",
@@ -24,6 +32,41 @@ def test_the_share_less_one_cuda_context_is_the_allocators_fraction_of_the_card(
     }
     assert given.kept == ()
     assert given.note is None
+
+
+def test_pytorch_is_given_its_limit_only_where_asked() -> None:
+    # PyTorch before 2.9 fails at its first CUDA allocation on an option it does not know.
+    assert {Framework.JAX, Framework.TENSORFLOW} == DEFAULT_FRAMEWORKS
+    by_default = framework_limits(1024, H200_MIB, LimitSettings())
+    assert set(by_default.env) == {contract.ENV_JAX_MEM_FRACTION, contract.ENV_TF_ALLOW_GROWTH}
+    asked = framework_limits(
+        1024, H200_MIB, LimitSettings(), frameworks=frozenset({Framework.PYTORCH})
+    )
+    assert set(asked.env) == {contract.ENV_PYTORCH_ALLOC_CONF}
+
+
+def test_on_an_mps_node_a_pod_cannot_turn_the_mps_limit_off() -> None:
+    given = framework_limits(4096, H200_MIB, LimitSettings(mps=True), frameworks=frozenset())
+    assert given.env == {contract.ENV_MPS_MEM_LIMIT: "0=4096M"}
+
+
+@pytest.mark.parametrize(
+    ("raw", "named"),
+    [
+        ("off", set()),
+        ("none", set()),
+        ("all", {"pytorch", "jax", "tensorflow"}),
+        ("PyTorch, jax", {"pytorch", "jax"}),
+        ("tensorflow", {"tensorflow"}),
+    ],
+)
+def test_frameworks_are_named_by_a_comma_list(raw: str, named: set[str]) -> None:
+    assert frameworks_named(raw) == named
+
+
+def test_a_framework_nobody_limits_is_refused_with_the_names_that_are() -> None:
+    with pytest.raises(ValueError, match=r"torch.*comma list of pytorch, jax, tensorflow"):
+        frameworks_named("torch,jax")
 
 
 def test_a_grant_no_larger_than_a_context_is_given_whole_and_said() -> None:
@@ -40,7 +83,7 @@ def test_on_an_mps_node_the_pinned_limit_is_the_whole_grant() -> None:
 
 def test_a_variable_the_container_sets_itself_is_its_own_and_reported() -> None:
     own = frozenset({contract.ENV_PYTORCH_ALLOC_CONF, "HOME"})
-    given = framework_limits(2048, H200_MIB, LimitSettings(), own=own)
+    given = framework_limits(2048, H200_MIB, EVERY, own=own)
     assert contract.ENV_PYTORCH_ALLOC_CONF not in given.env
     assert contract.ENV_JAX_MEM_FRACTION in given.env
     assert given.kept == (contract.ENV_PYTORCH_ALLOC_CONF,)
@@ -60,7 +103,7 @@ def served(pod: dict[str, object], kind: GpuKind, count: int) -> dict[str, str]:
         kind=kind,
         count=count,
         inventory=inventory(),  # type: ignore[arg-type]
-        limits=LimitSettings(),
+        limits=EVERY,
     )
     return grant.env
 
@@ -88,3 +131,12 @@ def test_a_pod_may_opt_out_and_a_containers_own_value_is_not_given() -> None:
     env = served(own, GpuKind.MEMORY, 2048)
     assert contract.ENV_JAX_MEM_FRACTION not in env
     assert contract.ENV_PYTORCH_ALLOC_CONF in env
+
+
+def test_a_pod_names_the_frameworks_it_takes_limits_for() -> None:
+    pod = gpu_pod("jax-only", 2048, node="n", index="0", uid="jax-only")
+    pod["metadata"]["annotations"][contract.FRAMEWORK_LIMITS] = "jax"
+    env = served(pod, GpuKind.MEMORY, 2048)
+    assert contract.ENV_JAX_MEM_FRACTION in env
+    assert contract.ENV_PYTORCH_ALLOC_CONF not in env
+    assert contract.ENV_TF_ALLOW_GROWTH not in env

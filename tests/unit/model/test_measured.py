@@ -37,6 +37,12 @@ CONTAINER = "a3f5" * 16
         # cgroup v1: one line per hierarchy.
         f"12:pids:/kubepods/burstable/pod{UID}/{CONTAINER}\n"
         f"11:memory:/kubepods/burstable/pod{UID}/{CONTAINER}",
+        # crun (CRI-O) puts the container's processes in a cgroup below its scope; a
+        # container may make cgroups of its own (systemd inside it: init.scope).
+        f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UNDERSCORED}.slice"
+        f"/crio-{CONTAINER}.scope/container",
+        f"0::/kubepods/burstable/pod{UID}/{CONTAINER}/init.scope",
+        f"0::/kubepods/burstable/pod{UID}/{CONTAINER}/{'b' * 64}",  # named like another's
     ],
 )
 def test_a_containers_process_is_placed_by_its_cgroup_in_every_layout(cgroup: str) -> None:
@@ -151,9 +157,75 @@ def test_a_stale_measurement_ends_every_episode_and_a_refused_eviction_is_tried_
         "n", measured(), measured_at=30, now=31, policy=OverUsePolicy.EVICT, grace_s=30,
         max_age_s=90,
     )  # fmt: skip
-    watch.retry_later(action, now=31)
+    watch.retry_later(action, now=31, after_s=30)
     assert judge(watch, 50, OverUsePolicy.EVICT, at=50) == []
     assert "train/0/evict" in judge(watch, 62, OverUsePolicy.EVICT, at=62)
     # The plugin stopped measuring: what it said last is not acted on.
     assert judge(watch, 500, OverUsePolicy.EVICT, at=100) == []
     assert judge(watch, 501, OverUsePolicy.EVICT, at=501) == []  # a new episode begins
+
+
+def test_an_episode_outlasts_a_measurement_within_the_share_but_not_a_grace_period() -> None:
+    watch = OverUseWatch()
+    judge(watch, 0, OverUsePolicy.EVICT)
+    # One measurement within its share (or a card NVML could not list once): still the episode.
+    within = MeasuredUsage(at="2026-12-04T20:00:10Z", containers=(), unmapped_mib={})
+    assert (
+        watch.observe(
+            "n",
+            within,
+            measured_at=10,
+            now=10,
+            policy=OverUsePolicy.EVICT,
+            grace_s=30,
+            max_age_s=90,
+        )
+        == []
+    )
+    assert judge(watch, 31, OverUsePolicy.EVICT, at=31) == ["train/0/evict", "train/1/evict"]
+    # Within its share for a whole grace period: the episode ended, the next one starts afresh.
+    for now in (40, 61):
+        watch.observe(
+            "n", within, measured_at=now, now=now, policy=OverUsePolicy.EVICT, grace_s=30,
+            max_age_s=90,
+        )  # fmt: skip
+    assert judge(watch, 62, OverUsePolicy.EVICT, at=62) == []
+    assert judge(watch, 92, OverUsePolicy.EVICT, at=92) == ["train/0/evict", "train/1/evict"]
+
+
+def test_the_episodes_of_a_node_whose_gpunode_is_gone_are_forgotten() -> None:
+    watch = OverUseWatch()
+    judge(watch, 0, OverUsePolicy.EVICT)
+    watch.keep_nodes({"another"})
+    assert judge(watch, 31, OverUsePolicy.EVICT, at=31) == []  # a new episode began at 31
+
+
+def test_an_over_user_its_budgets_keep_is_deleted_once_the_admin_allows_it() -> None:
+    def actions(watch: OverUseWatch, now: float, delete_after_s: float) -> list[str]:
+        found = watch.observe(
+            "n", measured(), measured_at=now, now=now, policy=OverUsePolicy.EVICT, grace_s=30,
+            max_age_s=90, delete_after_s=delete_after_s,
+        )  # fmt: skip
+        for action in found:
+            watch.retry_later(action, now, after_s=30, by_budget=True)  # every one refused
+        return sorted(f"{a.use.card}/{'delete' if a.delete else 'evict'}" for a in found)
+
+    never, after_60 = OverUseWatch(), OverUseWatch()
+    for watch, delete_after_s in ((never, 0.0), (after_60, 60.0)):
+        actions(watch, 0, delete_after_s)
+        assert actions(watch, 30, delete_after_s) == ["0/evict", "1/evict"]  # refused from 30
+        assert actions(watch, 60, delete_after_s) == ["0/evict", "1/evict"]
+    assert actions(never, 90, 0.0) == ["0/evict", "1/evict"]  # the budgets always decide
+    assert actions(after_60, 90, 60.0) == ["0/delete", "1/delete"]
+
+
+def test_only_a_budgets_refusal_counts_toward_deleting() -> None:
+    watch = OverUseWatch()
+    for now in (0, 30, 60, 90):
+        found = watch.observe(
+            "n", measured(), measured_at=now, now=now, policy=OverUsePolicy.EVICT, grace_s=30,
+            max_age_s=90, delete_after_s=1,
+        )  # fmt: skip
+        assert not any(action.delete for action in found)
+        for action in found:
+            watch.retry_later(action, now, after_s=30)  # fenced, or the apiserver out of reach

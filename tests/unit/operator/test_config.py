@@ -121,6 +121,7 @@ def test_one_option_per_field_each_with_its_own_variable_and_flag() -> None:
         "setSchedulerName",
         "overUsePolicy",
         "overUseGraceSeconds",
+        "overUseDeleteAfterSeconds",
         "preemption",
         "defragmentation",
         "defragmentationIntervalSeconds",

@@ -101,7 +101,7 @@ def test_a_gang_below_its_minimum_before_it_ran_evicts_only_controlled_members()
     assert "kept 1 bound pod(s) that no controller owns" in verdict.reason
 
 
-def test_a_gangs_members_queue_at_its_podgroups_priority_class_when_higher() -> None:
+def test_a_gangs_members_go_at_its_podgroups_class_up_to_what_a_member_was_admitted_with() -> None:
     cache, book = cluster()
     add_gang(cache, book, "g", 2, 1000)
     book.observe_group(
@@ -111,15 +111,24 @@ def test_a_gangs_members_queue_at_its_podgroups_priority_class_when_higher() -> 
             "spec": {"minMember": 2, "priorityClassName": "high"},
         },
     )
-    (member, *_) = book.members(spec_of(book, "g").key)
-    assert book.priority_of(member) == 0  # the class is not known (yet)
+    first, second = book.members(spec_of(book, "g").key)
     book.observe_priority_class("high", 1000)
-    assert book.priority_of(member) == 1000
+    # No member was admitted above 0: the PodGroup's class lifts nobody.
+    assert book.priority_of(first) == 0
+    # One member was admitted at 1000 (its own class, through the Priority plugin): the gang
+    # goes at it, the class's value, and no higher.
+    body = gpu_pod("g0", 1000, uid="g-0")
+    body["metadata"]["annotations"] = {VOLCANO_GROUP_ANNOTATIONS[0]: "g"}
+    body["spec"]["priority"] = 5000
+    book.observe_member(PodInfo.parse(body))
+    assert book.priority_of(second) == 1000
+    book.observe_priority_class("high", 100_000)
+    assert book.priority_of(second) == 5000
     book.forget_priority_class("high")
-    assert book.priority_of(member) == 0
+    assert book.priority_of(second) == 0
 
 
-def test_a_podgroup_outside_kube_system_cannot_lift_its_gang_to_a_system_class() -> None:
+def test_a_podgroup_cannot_lift_its_gang_to_a_class_its_pods_were_not_admitted_with() -> None:
     cache, book = cluster()
     add_gang(cache, book, "g", 2, 1000)
     book.observe_group(

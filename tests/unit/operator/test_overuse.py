@@ -3,8 +3,11 @@ this replica's Lease is fresh: a paused leader resuming after a standby took ove
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from gpushare.kube import ApiError
 from gpushare.kube.clock import rfc3339
 from gpushare.model import contract
 from gpushare.model.annotations import CardIndex
@@ -81,3 +84,101 @@ async def test_a_pod_over_its_share_is_evicted_only_while_the_lease_is_fresh() -
     cache.observe_gpunode(measured_at(now[0]))
     await guard.check()
     assert api.evicted == ["hog"]
+
+
+class Refusing(Api):
+    def __init__(self, error: ApiError) -> None:
+        super().__init__()
+        self.error = error
+
+    async def evict(self, pod: PodRef) -> None:
+        raise self.error
+
+
+class Events:
+    def __init__(self) -> None:
+        self.said: list[str] = []
+
+    def event(self, pod: PodRef, reason: str, message: str, *, warning: bool = False) -> None:
+        self.said.append(message)
+
+
+@pytest.mark.parametrize(
+    ("status", "said"),
+    [
+        (429, "Its PodDisruptionBudget refused the eviction (Cannot evict pod"),
+        (403, "the operator's role needs create on pods/eviction"),
+        (500, "Evicting it was refused (500: etcdserver: leader changed)"),
+        (404, None),  # gone already
+        (409, None),  # replaced by a namesake: the UID precondition
+    ],
+)
+async def test_a_refused_eviction_is_said_as_what_refused_it(status: int, said: str | None) -> None:
+    messages = {
+        429: "Cannot evict pod as it would violate the pod's disruption budget.",
+        403: 'pods "hog" is forbidden: User cannot create resource "pods/eviction"',
+        500: "etcdserver: leader changed",
+    }
+    api, events = Refusing(ApiError(status, messages.get(status, "no"))), Events()
+    now = [1_000_000.0]
+    cache = SchedulerCache(config=lambda: CONFIG)
+    guard = OverUseGuard(
+        cache=cache,
+        api=api,  # type: ignore[arg-type]
+        reporter=events,  # type: ignore[arg-type]
+        metrics=SchedulerMetrics(),
+        config=lambda: CONFIG,
+        fence=WriteFence(lambda: True),
+        clock=lambda: now[0],
+    )
+    for _ in range(2):
+        cache.observe_gpunode(measured_at(now[0]))
+        await guard.check()
+        now[0] += CONFIG.over_use_grace_s
+    if said is None:
+        assert events.said == []
+        return
+    (message,) = events.said
+    assert said in message
+    assert message.endswith("tried again in 30 s")
+
+
+class Budgeted(Api):
+    """Every eviction refused by a PodDisruptionBudget; deletions recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.deleted: list[str] = []
+
+    async def evict(self, pod: PodRef) -> None:
+        raise ApiError(429, "Cannot evict pod as it would violate the pod's disruption budget.")
+
+    async def delete_pod(self, pod: PodRef) -> None:
+        self.deleted.append(pod.name)
+
+
+async def test_a_pod_its_budgets_keep_over_its_share_is_deleted_when_the_admin_allows() -> None:
+    config = dataclasses.replace(CONFIG, over_use_delete_after_s=60)
+    api, events = Budgeted(), Events()
+    now = [1_000_000.0]
+    cache = SchedulerCache(config=lambda: config)
+    guard = OverUseGuard(
+        cache=cache,
+        api=api,  # type: ignore[arg-type]
+        reporter=events,  # type: ignore[arg-type]
+        metrics=SchedulerMetrics(),
+        config=lambda: config,
+        fence=WriteFence(lambda: True),
+        clock=lambda: now[0],
+    )
+    for _ in range(4):  # over at 0; refused at 30 and 60; 60 s of refusals at 90
+        cache.observe_gpunode(measured_at(now[0]))
+        await guard.check()
+        now[0] += config.over_use_grace_s
+    assert api.deleted == ["hog"]
+    assert (
+        "Its eviction was refused for 60 s, past overUseDeleteAfterSeconds: deleted"
+        in (events.said[-1])
+    )
+    assert "has been over it for 90 s" in events.said[-1]
+    assert all("PodDisruptionBudget refused" in said for said in events.said[:-1])

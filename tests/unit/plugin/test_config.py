@@ -8,6 +8,7 @@ import pytest
 
 from gpushare.model import contract
 from gpushare.model.device_list import VisibleDevices
+from gpushare.model.limits import Framework
 from gpushare_plugin.config import DEFAULT_SOCKET_DIR, ConfigError, load, parser
 
 
@@ -26,6 +27,7 @@ def test_defaults_need_only_the_node_name() -> None:
     assert config.metrics_port == 9402
     assert config.health.enabled
     assert config.health.recovery_s == 300
+    assert config.limits.frameworks == {Framework.JAX, Framework.TENSORFLOW}
 
 
 def test_a_flag_wins_over_its_variable() -> None:
@@ -45,6 +47,7 @@ def test_every_problem_is_reported_at_once() -> None:
         "DP_DISABLE_HEALTHCHECKS": "sometimes",
         "GPUSHARE_SOCKET_DIR": "/" + "d" * 100,
         "GPUSHARE_CDI_KIND": "gpu",
+        "GPUSHARE_FRAMEWORK_LIMITS": "pytorch,mxnet",
     }
     with pytest.raises(ConfigError) as refused:
         load({}, env)
@@ -57,8 +60,28 @@ def test_every_problem_is_reported_at_once() -> None:
         "'sometimes'",
         "too long",
         "'gpu' is not a CDI device kind: write vendor/class",
+        "GPUSHARE_FRAMEWORK_LIMITS='pytorch,mxnet': gpushare gives no framework named mxnet",
     ):
         assert part in message
+
+
+@pytest.mark.parametrize(
+    ("raw", "frameworks"),
+    [
+        ("pytorch,jax,tensorflow", set(Framework)),
+        ("all", set(Framework)),
+        ("true", set(Framework)),  # its value before it named frameworks
+        ("none", set()),
+        ("false", set()),
+        ("yes", set(Framework)),
+        ("0", set()),
+    ],
+)
+def test_an_admin_names_the_frameworks_given_limits_on_a_node(
+    raw: str, frameworks: set[Framework]
+) -> None:
+    config = load(flags("--framework-limits", raw), {"NODE_NAME": "a"})
+    assert config.limits.frameworks == frameworks
 
 
 def test_the_kubeconfig_comes_from_its_variable() -> None:

@@ -98,6 +98,11 @@ class StandInNvml:
             for p, m in self.cards[handle].get("compute", [])
         ]
 
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
+        if self.cards[handle].get("mps") is None:
+            raise NVMLError(13)  # a driver without the call
+        return [SimpleNamespace(pid=p, usedGpuMemory=m) for p, m in self.cards[handle]["mps"]]
+
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
         if self.cards[handle].get("graphics") is None:
             raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED)  # a compute-only card
@@ -175,15 +180,38 @@ def test_close_frees_events_and_shuts_nvml_down() -> None:
 
 def test_each_cards_processes_are_listed_and_a_card_that_cannot_say_is_a_problem() -> None:
     nvml = h200s(3)
-    nvml.cards[0]["compute"] = [(4711, 3590 * MIB), (4712, None)]  # None: NVML cannot say
-    nvml.cards[0]["graphics"] = [(4711, 100 * MIB)]  # also a graphics process: counted once
+    nvml.cards[0]["compute"] = [
+        (4711, 3590 * MIB),
+        (4712, None),
+        (4713, None),
+    ]  # None: NVML cannot say
+    nvml.cards[0]["graphics"] = [(4711, 100 * MIB), (4713, 200 * MIB)]  # counted once each
     nvml.cards[1]["processes_error"] = 15  # GPU is lost
     nvml.cards[2]["compute"] = [(99, 512 * MIB)]
+    nvml.cards[2]["mps"] = [(123, 2048 * MIB)]  # an MPS client: listed by the MPS call alone
     found = NvmlDiscovery(nvml).processes()  # type: ignore[arg-type]
     assert sorted((p.pid, p.card, p.used_mib) for p in found.found) == [
         (99, 2, 512),
+        (123, 2, 2048),
         (4711, 0, 3590),
         (4712, 0, None),
+        (4713, 0, 200),  # the figure one list knows
     ]
     assert len(found.problems) == 1
     assert "card 1: NVML could not list its processes" in found.problems[0]
+
+
+def test_when_no_card_can_say_nothing_is_measured_rather_than_nothing_used() -> None:
+    nvml = h200s()
+    discovery = NvmlDiscovery(nvml)  # type: ignore[arg-type]
+    for card in nvml.cards:
+        card["processes_error"] = 999  # NVML_ERROR_UNKNOWN
+    with pytest.raises(DiscoveryError, match="card 1: NVML could not list its processes"):
+        discovery.processes()
+
+    def lost() -> int:
+        raise NVMLError(999)
+
+    nvml.nvmlDeviceGetCount = lost  # type: ignore[method-assign]
+    with pytest.raises(DiscoveryError, match="NVML could not count the cards"):
+        discovery.processes()

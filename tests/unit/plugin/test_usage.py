@@ -13,9 +13,11 @@ import yaml
 from builders import gpu_pod
 
 from gpushare.model import contract
+from gpushare.model.allocation import ContainerGrant
 from gpushare.model.bound import bound_pod
 from gpushare.model.device_list import DeviceListing
 from gpushare.model.measured import MeasuredUsage
+from gpushare.model.usage import PodRef, PodUid
 from gpushare_plugin.devices import DeviceTable
 from gpushare_plugin.discovery.fake import FakeDiscovery
 from gpushare_plugin.metrics import PluginMetrics
@@ -40,9 +42,11 @@ class Pods:
 class Api:
     def __init__(self) -> None:
         self.written: list[str] = []
+        self.wrote = asyncio.Event()
 
     async def annotate_gpunode(self, node: str, annotations: dict[str, str]) -> None:
         self.written.append(annotations[contract.MEASURED_USAGE])
+        self.wrote.set()
 
 
 def running_pod() -> dict[str, Any]:
@@ -53,7 +57,12 @@ def running_pod() -> dict[str, Any]:
     return pod
 
 
-def meter(tmp_path: Path, processes: list[dict[str, int]]) -> tuple[UsageMeter, Api, PluginMetrics]:
+def meter(
+    tmp_path: Path,
+    processes: list[dict[str, int]],
+    *pods: dict[str, Any],
+    granted: dict[tuple[PodUid, str], ContainerGrant] | None = None,
+) -> tuple[UsageMeter, Api, PluginMetrics]:
     spec = tmp_path / "cards.yaml"
     spec.write_text(yaml.safe_dump({"cards": [{"memoryMiB": 11178}], "processes": processes}))
     discovery = FakeDiscovery(f"@{spec}", node="n")
@@ -67,8 +76,8 @@ def meter(tmp_path: Path, processes: list[dict[str, int]]) -> tuple[UsageMeter, 
     made = UsageMeter(
         discovery=discovery,
         table=table,
-        pods=Pods(running_pod()),  # type: ignore[arg-type]
-        granted={},
+        pods=Pods(*(pods or (running_pod(),))),  # type: ignore[arg-type]
+        granted={} if granted is None else granted,
         api=api,  # type: ignore[arg-type]
         metrics=metrics,
         proc_root=proc,
@@ -108,3 +117,87 @@ async def test_a_pid_that_ended_since_the_driver_listed_it_counts_for_no_contain
     measured = await made.measure_and_publish()
     assert measured.containers == ()
     assert measured.unmapped_mib == {0: 800}
+
+
+async def test_a_container_whose_grant_cannot_be_told_is_shown_and_never_judged(
+    tmp_path: Path,
+) -> None:
+    # Served before the plugin restarted, on a card the node no longer has.
+    pod = running_pod()
+    pod["metadata"]["annotations"][contract.GPU_INDEX] = "5"
+    made, api, metrics = meter(tmp_path, [{"pid": 100, "card": 0, "usedMiB": 1500}], pod)
+    (use,) = (await made.measure_and_publish()).containers
+    assert (use.used_mib, use.granted_mib, use.over) == (1500, None, False)
+    (written,) = api.written
+    assert MeasuredUsage.from_annotation(written, owner="GPUNode n").containers == (use,)
+    labels = {"node": "n", "namespace": "default", "pod": "train", "container": "cuda-container"}
+    granted = "gpushare_plugin_container_gpu_memory_granted_bytes"
+    assert metrics.registry.get_sample_value(granted, {**labels, "card": "0"}) is None
+
+
+async def test_a_debug_containers_process_is_its_pods_and_was_granted_nothing(
+    tmp_path: Path,
+) -> None:
+    pod = running_pod()
+    pod["status"]["containerStatuses"] = []
+    pod["status"]["ephemeralContainerStatuses"] = [
+        {"name": "debugger", "containerID": f"containerd://{CONTAINER_ID}"}
+    ]
+    made, _, _ = meter(tmp_path, [{"pid": 100, "card": 0, "usedMiB": 700}], pod)
+    (use,) = (await made.measure_and_publish()).containers
+    assert (use.container, use.used_mib, use.granted_mib, use.over) == ("debugger", 700, 0, True)
+
+
+async def test_the_series_of_a_container_gone_are_removed_and_its_cards_kept(
+    tmp_path: Path,
+) -> None:
+    made, _, metrics = meter(
+        tmp_path,
+        [{"pid": 100, "card": 0, "usedMiB": 1500}, {"pid": 200, "card": 0, "usedMiB": 300}],
+    )
+    await made.measure_and_publish()
+    labels = {"node": "n", "namespace": "default", "pod": "train", "container": "cuda-container"}
+    used = "gpushare_plugin_container_gpu_memory_used_bytes"
+    unmapped = "gpushare_plugin_unmapped_gpu_memory_used_bytes"
+    made._pods.bound = []  # type: ignore[attr-defined]  # the pod was deleted
+    await made.measure_and_publish()
+    assert metrics.registry.get_sample_value(used, {**labels, "card": "0"}) is None
+    assert metrics.registry.get_sample_value(unmapped, {"node": "n", "card": "0"}) == (
+        1800 * 1024 * 1024
+    )
+
+
+async def test_a_measurement_that_fails_is_logged_and_the_next_one_goes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made, api, _ = meter(tmp_path, [{"pid": 100, "card": 0, "usedMiB": 1500}])
+    real = FakeDiscovery.processes
+    calls = 0
+
+    def fails_once(discovery: FakeDiscovery) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("NVML: Unknown Error")
+        return real(discovery)
+
+    monkeypatch.setattr(FakeDiscovery, "processes", fails_once)
+    task = asyncio.create_task(made.run(0.01))
+    try:
+        async with asyncio.timeout(5):
+            await api.wrote.wait()
+    finally:
+        task.cancel()
+    assert "usage_not_measured" in capsys.readouterr().out
+    assert calls >= 2
+
+
+async def test_the_record_of_what_was_given_forgets_pods_gone_from_the_node(
+    tmp_path: Path,
+) -> None:
+    gone = PodRef(namespace="default", name="done", uid=PodUid("gone"))
+    given = ContainerGrant(pod=gone, container="c", position=0, last=True, cards=(), env={})
+    granted = {(gone.uid, "c"): given}
+    made, _, _ = meter(tmp_path, [{"pid": 100, "card": 0, "usedMiB": 100}], granted=granted)
+    await made.measure_and_publish()
+    assert granted == {}

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import admitting
 import pytest
 from admitting import create
 from cluster import eventually, gpu_pod
@@ -85,9 +86,14 @@ async def test_the_components_need_no_more_than_their_roles(
         GPUSHARE_WEBHOOK_HOSTS="127.0.0.1",
     )
     operator.wait_logged("started_leading", timeout_s=20)
-    for name in ("gpu-pod1", "gpu-pod2"):
-        await create(core, gpu_pod(name, 1024))
-    for name in ("gpu-pod1", "gpu-pod2"):
+    # gpu-pod2 names the frameworks it takes limits for: PyTorch too (2.9 and later read it).
+    await create(core, gpu_pod("gpu-pod1", 1024))
+    asks = gpu_pod("gpu-pod2", 1024)
+    asks["metadata"]["annotations"] = {contract.FRAMEWORK_LIMITS: "pytorch,jax,tensorflow"}
+    await create(core, asks)
+    for name, pytorch in (("gpu-pod1", {}), ("gpu-pod2", {
+        contract.ENV_PYTORCH_ALLOC_CONF: "per_process_memory_fraction:0.045804"
+    })):  # fmt: skip
         line = await asyncio.to_thread(
             node.kubelet.wait_started, f"default/{name}", "cuda-container"
         )
@@ -96,10 +102,15 @@ async def test_the_components_need_no_more_than_their_roles(
             contract.ENV_GPU_ALLOCATED: "1024",
             contract.ENV_GPU_MEMORY_TOTAL: "11178",
             # The frameworks' limits: 1024 MiB less one CUDA context (512) of 11178 MiB.
-            contract.ENV_PYTORCH_ALLOC_CONF: "per_process_memory_fraction:0.045804",
             contract.ENV_JAX_MEM_FRACTION: "0.045804",
             contract.ENV_TF_ALLOW_GROWTH: "true",
+            **pytorch,
         }
+    bad = gpu_pod("typo", 1024)
+    bad["metadata"]["annotations"] = {contract.FRAMEWORK_LIMITS: "torch"}
+    assert "gpushare gives no framework named torch a memory limit" in await admitting.refusal(
+        core, bad
+    )
     for process in (operator, node.plugin):
         # Every refusal the apiserver gives reads "... is forbidden: User ... cannot ...".
         log = process.log.read_text().lower()

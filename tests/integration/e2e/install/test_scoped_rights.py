@@ -19,6 +19,7 @@ from kubernetes_asyncio import client
 from gpushare import kube
 from gpushare.kube import ApiError, raw_json
 from gpushare.model import contract, pod_ref
+from gpushare.model.gangs import COSCHEDULING_GROUP_LABEL, VOLCANO_GROUP_ANNOTATIONS
 from gpushare_harness import ControlPlane, FakeGpuNode, create_gpu_node
 from gpushare_harness.identities import (
     OPERATOR,
@@ -387,7 +388,7 @@ async def test_a_pods_placement_record_is_written_by_gpushare_alone(
     installed: client.CoreV1Api,
 ) -> None:
     core = installed  # the admin: system:masters, and refused all the same
-    await placed(core, "p", "n1")
+    pod = await placed(core, "p", "n1")
     edits: list[dict[str, str | None]] = [
         {contract.GPU_INDEX: "1"},
         {contract.GPU_INDEX: None},
@@ -431,6 +432,23 @@ async def test_a_pods_placement_record_is_written_by_gpushare_alone(
     )
     assert "annotation(s) volcano.sh/gpu-index and label gpushare.io/gpu-pod" in both
     await raw_json(relabel(core, "p", {"team": "a"}))  # other labels too
+    # The gang a pod joined at creation: joined later, a bound pod would tie its fate to a
+    # gang's in preemption. Volcano's default gang alone may be added, as its PodGroup
+    # controller adds it to a pod of its scheduler name that names none.
+    for gang in (
+        lambda **dry: annotate(core, "p", {VOLCANO_GROUP_ANNOTATIONS[0]: "g"}, **dry),
+        lambda **dry: annotate(core, "p", {VOLCANO_GROUP_ANNOTATIONS[1]: "g"}, **dry),
+        lambda **dry: relabel(core, "p", {COSCHEDULING_GROUP_LABEL: "g"}, **dry),
+    ):
+        assert "gpushare's record of where it placed the pod" in await refusal(gang)
+    volcano: dict[str, str | None] = {
+        VOLCANO_GROUP_ANNOTATIONS[0]: f"podgroup-{pod['metadata']['uid']}"
+    }
+    await raw_json(annotate(core, "p", volcano))
+    moved = await refusal(
+        lambda **dry: annotate(core, "p", {VOLCANO_GROUP_ANNOTATIONS[0]: "other"}, **dry)
+    )
+    assert f"annotation(s) {VOLCANO_GROUP_ANNOTATIONS[0]} of a pod belong" in moved
     # A pod without GPUs is not judged (its writes cost the apiserver no policy): its
     # annotations are its owner's, whatever their names.
     plain = gpu_pod("plain")

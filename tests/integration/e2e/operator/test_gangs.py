@@ -392,12 +392,21 @@ async def test_of_two_waiting_gangs_the_one_of_the_higher_priority_class_goes_fi
         client.V1PriorityClass(metadata=client.V1ObjectMeta(name="gang-high"), value=1000)
     )
     await create_group(groups, "first", {"minMember": 4})
+    # A PodGroup naming the class while none of its pods were admitted with it lifts nobody (a
+    # tenant who may create PodGroups would otherwise go before everyone, and preempt).
+    await create_group(groups, "lifted", {"minMember": 4, "priorityClassName": "gang-high"})
     await create_group(groups, "urgent", {"minMember": 4, "priorityClassName": "gang-high"})
-    for index in range(4):  # the older gang first; both wait for the operator
+    for index in range(4):  # the older gangs first; all wait for the operator
         await create_pod(core, member(f"f{index}", "first", 9000))
     for index in range(4):
-        await create_pod(core, member(f"u{index}", "urgent", 9000))
+        await create_pod(core, member(f"l{index}", "lifted", 9000))
+    for index in range(4):  # one admitted at the class, as a Volcano Job gives it its pods
+        pod = member(f"u{index}", "urgent", 9000)
+        if index == 0:
+            pod["spec"]["priorityClassName"] = "gang-high"
+        await create_pod(core, pod)
     start_operator()
     for index in range(4):
         await bound(core, f"u{index}")
     assert "gang PodGroup default/first" in await unschedulable(core, "f0")
+    assert "gang PodGroup default/lifted" in await unschedulable(core, "l0")

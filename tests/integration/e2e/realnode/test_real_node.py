@@ -402,7 +402,7 @@ def container_pids(pod: dict[str, Any]) -> dict[str, int]:
     return found
 
 
-async def test_what_containers_hold_is_measured_and_an_over_user_alone_is_warned_then_evicted(
+async def test_what_containers_hold_is_measured_and_an_over_user_alone_is_warned_then_removed(
     real: Cluster, core: client.CoreV1Api, tmp_path: Path
 ) -> None:
     node = real.coarse
@@ -477,12 +477,17 @@ async def test_what_containers_hold_is_measured_and_an_over_user_alone_is_warned
             "-p", '{"spec": {"overUsePolicy": "Evict"}}',
         )  # fmt: skip
         await eventually(
-            lambda: warned("hog", "Evicting it was refused"),
+            lambda: warned("hog", "Its PodDisruptionBudget refused the eviction"),
             timeout_s=30,
             what="the eviction refused by the PodDisruptionBudget",
         )
         assert (await read_pod(core, "hog"))["metadata"].get("deletionTimestamp") is None
-        real.kubectl("delete", "-f", str(budget))
+        # The budget (a tenant may make one) would keep it for ever: the admin opts in to
+        # deleting an over-user whose evictions were refused that long.
+        real.kubectl(
+            "patch", "gpushareconfig", "default", "--type", "merge",
+            "-p", '{"spec": {"overUseDeleteAfterSeconds": 3}}',
+        )  # fmt: skip
 
         async def evicted() -> bool:
             pod = await raw_json(
@@ -492,7 +497,12 @@ async def test_what_containers_hold_is_measured_and_an_over_user_alone_is_warned
             )
             return not pod["items"] or bool(pod["items"][0]["metadata"].get("deletionTimestamp"))
 
-        await eventually(evicted, timeout_s=40, what="the hog evicted")
+        await eventually(evicted, timeout_s=40, what="the hog deleted past its budget")
+        await eventually(
+            lambda: warned("hog", "past overUseDeleteAfterSeconds: deleted"),
+            timeout_s=30,
+            what="the Event that says it was deleted",
+        )
         neighbour = await read_pod(core, "neighbour")
         assert neighbour["status"]["phase"] == "Running"
         assert neighbour["metadata"].get("deletionTimestamp") is None

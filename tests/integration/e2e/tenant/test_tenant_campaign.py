@@ -4,10 +4,11 @@ one namespace and nothing cluster-wide, that tries every edit of the placement r
 the GPU env it can think of (hypothesis-generated: every volcano.sh/* placement annotation and
 gpushare.io/* annotation set, changed or removed, through the pod and its subresources, on
 pending, bound and running pods, and the label gpushare.io/gpu-pod that puts them under the
-placement policy removed or changed; NVIDIA_* and VOLCANO_GPU_* variables in new pods and in
-ephemeral containers). Each edit is refused at the apiserver, naming the fix, and changes
-nothing; afterwards no card holds more than its size, every running container's env equals
-its grant, and no pod waits without a reason."""
+placement policy removed or changed; NVIDIA_*, VOLCANO_GPU_* and
+CUDA_MPS_PINNED_DEVICE_MEM_LIMIT in new pods and in ephemeral containers). Each edit is
+refused at the apiserver, naming the fix, and changes nothing; afterwards no card holds more
+than its size, every running container's env equals its grant, and no pod waits without a
+reason."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from kubernetes_asyncio import client
 
 from gpushare import kube
 from gpushare.model import contract
+from gpushare.model.gangs import COSCHEDULING_GROUP_LABEL, VOLCANO_GROUP_ANNOTATIONS
 from gpushare_harness.identities import tenant_kubeconfig
 
 pytestmark = [pytest.mark.integration]
@@ -39,6 +41,7 @@ PLACEMENT_KEYS = (
     contract.MEMORY_UNIT_MIB,
     contract.GPU_MEMORY_MIB,
     "gpushare.io/anything",
+    *VOLCANO_GROUP_ANNOTATIONS,  # a gang joined after creation
 )
 VALUES = st.one_of(
     st.sampled_from(
@@ -61,6 +64,7 @@ GPU_ENV = st.sampled_from(
         contract.ENV_GPU_MEMORY_TOTAL,
         "NVIDIA_DRIVER_CAPABILITIES",
         "VOLCANO_GPU_ANYTHING",
+        contract.ENV_MPS_MEM_LIMIT,
     ]
 )
 
@@ -172,7 +176,7 @@ def placement_of(tenant: Tenant, names: list[str]) -> dict[str, dict[str, str]]:
         name: {
             k: v
             for k, v in tenant.annotations(name).items()
-            if k.startswith(("volcano.sh/", "gpushare.io/"))
+            if k.startswith(("volcano.sh/", "gpushare.io/")) or k in VOLCANO_GROUP_ANNOTATIONS
         }
         for name in names
     }
@@ -272,6 +276,27 @@ def test_no_edit_takes_a_gpu_pod_out_of_the_placement_policy(
         assert refusal == "", refusal
     else:
         assert f"label {contract.GPU_POD_LABEL} of a pod belong to gpushare's record" in refusal
+
+
+@settings(CAMPAIGN, max_examples=8)
+@given(
+    edit=st.tuples(
+        PODS_IN_EACH_STATE, st.one_of(st.none(), st.sampled_from(["g", "other"])), ROUTES
+    )
+)
+def test_no_pod_joins_or_leaves_a_gang_after_its_creation(
+    tenant: Tenant, pods: dict[str, int], edit: tuple[str, str | None, str]
+) -> None:
+    # Joined later, a bound pod would tie its fate to a gang's in preemption (evicting one
+    # member costs the whole gang), so that preemption turns to other tenants' pods.
+    target, value, route = edit
+    before = tenant.pod(target)["metadata"].get("labels", {})
+    refusal = try_edit(tenant, target, COSCHEDULING_GROUP_LABEL, value, route, field="labels")
+    assert tenant.pod(target)["metadata"].get("labels", {}) == before
+    if route == "status":
+        assert 'cannot patch resource "pods/status"' in refusal, refusal
+    elif value is not None:
+        assert f"label {COSCHEDULING_GROUP_LABEL} of a pod belong to gpushare's record" in refusal
 
 
 @settings(CAMPAIGN, max_examples=20)
