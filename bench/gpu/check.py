@@ -140,7 +140,7 @@ def watch_until_flagged(
     """The plugin's usage source, mapping and judge, every 0.1 s until something is flagged
     (or 30 s): what NVML saw of each child, what was flagged, and after how long."""
     pods = {name: PodRef(namespace="check", name=name, uid=PodUid(name)) for name in children}
-    places = {p.pid: CgroupPlace(PodUid(name), name) for name, p in children.items()}
+    places = {p.pid: CgroupPlace(PodUid(name), (name,)) for name, p in children.items()}
     containers = {name: (pods[name], "main") for name in children}
     grant = Grant({CardIndex(card): GRANT_MIB})
     grants = {(PodUid(name), "main"): grant for name in children}

@@ -107,9 +107,10 @@ class SchedulerApi(Protocol):
         still the pod `pod.uid` names."""
         ...
 
-    async def delete_pod(self, pod: PodRef) -> None:
+    async def delete_pod(self, pod: PodRef, *, grace_period_s: int) -> None:
         """Delete the pod (no PodDisruptionBudget asked: an over-user its budgets kept, when the
-        admin opts in), only if it is still the pod `pod.uid` names."""
+        admin opts in), only if it is still the pod `pod.uid` names, with this grace period
+        instead of its own."""
         ...
 
     async def patch_podgroup_status(self, group: GroupKey, status: Mapping[str, Any]) -> None:
@@ -310,7 +311,7 @@ class KubeSchedulerApi:
         return await read_pod(self._core, pod.name, pod.namespace, pod.uid, timeout_s=self._timeout)
 
     async def label_gpu_pod(self, pod: PodRef) -> None:
-        # Through pods/status, the one write of a pod the operator's role allows; the UID
+        # Through pods/status, the one patch of a pod the operator's role allows; the UID
         # precondition leaves a namesake alone.
         body = {"metadata": {"uid": pod.uid, "labels": dict(contract.GPU_POD_LABELS)}}
         await raw_json(
@@ -458,12 +459,13 @@ class KubeSchedulerApi:
                 )
             )
 
-    async def delete_pod(self, pod: PodRef) -> None:
+    async def delete_pod(self, pod: PodRef, *, grace_period_s: int) -> None:
+        options = {"preconditions": {"uid": pod.uid}, "gracePeriodSeconds": grace_period_s}
         await raw_json(
             self._core.delete_namespaced_pod(
                 pod.name,
                 pod.namespace,
-                body=cast(client.V1DeleteOptions, {"preconditions": {"uid": pod.uid}}),
+                body=cast(client.V1DeleteOptions, options),
                 _preload_content=False,
                 _request_timeout=self._timeout,
             )

@@ -61,7 +61,7 @@ class SchedulerMetrics:
         self.over_use = Counter(
             "gpushare_over_use_total",
             "Containers found over their GPU memory share for the grace period, by what was "
-            "done (warned, evicted, eviction_refused, deleted).",
+            "done (warned, evicted, eviction_refused, deleted, delete_failed).",
             ["action"],
             registry=self.registry,
         )

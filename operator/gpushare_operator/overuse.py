@@ -93,9 +93,6 @@ class OverUseGuard:
             self._reporter.event(pod, OVER_USE, action.message, warning=True)
             self._metrics.over_use.labels("warned").inc()
             return
-        if action.delete:
-            await self._delete(action, log)
-            return
         try:
             self._fence.check(f"evict {pod}")
             await self._api.evict(pod)
@@ -109,9 +106,10 @@ class OverUseGuard:
             if status in (404, 409):
                 return  # gone already, or replaced by a namesake (the UID precondition)
             grace = self._grace()
-            # What the budgets refuse: 429, or 500 for a pod that more than one selects. A 403
-            # is a missing right, which deleting would not mend.
-            by_budget = status is not None and status != 403
+            by_budget = _by_budget(error)
+            if by_budget and action.delete:
+                await self._delete(action, log)  # refused again, past overUseDeleteAfterSeconds
+                return
             self._watch.retry_later(action, self._clock(), after_s=grace, by_budget=by_budget)
             message = f"{action.message}. {_eviction_refused(error)}; tried again in {grace:.0f} s"
             log.warning("over_use_eviction_refused", status=status, error=str(error))
@@ -123,13 +121,15 @@ class OverUseGuard:
         self._metrics.over_use.labels("evicted").inc()
 
     async def _delete(self, action: OverUse, log: FilteringBoundLogger) -> None:
-        """Its PodDisruptionBudgets refused every eviction for the admin's
-        overUseDeleteAfterSeconds: deleted as it is (its UID the precondition)."""
+        """Its PodDisruptionBudgets refused its evictions for the admin's
+        overUseDeleteAfterSeconds, and once more now: deleted as it is (its UID the
+        precondition), given the grace period to stop that an over-use has (a pod's own
+        terminationGracePeriodSeconds could keep it over for hours)."""
         pod = action.use.pod
         refused_for = action.refused_for_s or 0.0
         try:
             self._fence.check(f"delete {pod}")
-            await self._api.delete_pod(pod)
+            await self._api.delete_pod(pod, grace_period_s=int(self._grace()))
         except Fenced as fenced:
             self._watch.retry_later(action, self._clock(), after_s=self._grace())
             log.warning("over_use_delete_fenced", error=str(fenced))
@@ -140,6 +140,7 @@ class OverUseGuard:
                 return  # gone already, or replaced by a namesake
             self._watch.retry_later(action, self._clock(), after_s=self._grace())
             log.warning("over_use_delete_failed", status=status, error=str(error))
+            self._metrics.over_use.labels("delete_failed").inc()
             self._reporter.event(
                 pod, OVER_USE, f"{action.message}. Deleting it failed ({error})", warning=True
             )
@@ -153,11 +154,21 @@ class OverUseGuard:
         self._metrics.over_use.labels("deleted").inc()
 
 
+def _by_budget(error: ApiError | OSError | TimeoutError) -> bool:
+    """Whether a PodDisruptionBudget refused the eviction: 429 for a budget that allows no
+    disruption now, 500 for a pod that more than one budget selects. Other refusals (API
+    Priority and Fairness' 429, an apiserver in trouble) say nothing of the budgets."""
+    if not isinstance(error, ApiError) or error.status not in (429, 500):
+        return False
+    message = error.message.lower()
+    return "disruption budget" in message or "disruptionbudget" in message
+
+
 def _eviction_refused(error: ApiError | OSError | TimeoutError) -> str:
     """Why an eviction did not go, as the pod's Event says it."""
     if not isinstance(error, ApiError):
         return f"Evicting it failed: the apiserver did not answer ({error!r})"
-    if error.status == 429 and "disruption budget" in error.message.lower():
+    if _by_budget(error):
         return f"Its PodDisruptionBudget refused the eviction ({error.message})"
     if error.status == 403:
         return (

@@ -17,6 +17,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from gpushare.model import contract
 from gpushare.model.annotations import CardIndex
@@ -27,35 +28,37 @@ from gpushare.model.usage import PodRef, PodUid
 _POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 _CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
 _RUNTIME_PREFIXES = ("cri-containerd-", "crio-", "docker-", "containerd-")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
 class CgroupPlace:
-    """Where a process's cgroup says it runs: a container (by its runtime id) and, where the
-    path names it, the pod (by UID)."""
+    """Where a process's cgroup says it runs: the containers its path names (by runtime id,
+    outermost first) and, where the path names it, the pod (by UID)."""
 
     pod_uid: PodUid | None
-    container_id: str
+    container_ids: tuple[str, ...]
+
+    def container_in(self, known: Mapping[str, _T]) -> _T | None:
+        """What `known` holds of the outermost container the path names that it knows: a
+        process in a cgroup below its container's is that container's, whether crun put it
+        there (`.../crio-<id>.scope/container`) or the container made it (named like another
+        container, it still names no other); and a node that is itself a container (kind)
+        names one nobody knows above them all."""
+        return next((known[c] for c in self.container_ids if c in known), None)
 
 
 def container_of(cgroup: str) -> CgroupPlace | None:
-    """The container of a process, from the text of its /proc/<pid>/cgroup; None for a
-    process in no container (the node's own). Every layout: cgroup v1 and v2, the kubelet's
-    `systemd` and `cgroupfs` drivers with or without per-QoS cgroups (then no pod in the
-    path: `/k8s.io/<id>`), containerd, CRI-O and Docker names. The container is the outermost
-    part of the path that names one: a process in a cgroup below its container's is that
-    container's, whether crun (CRI-O's default runtime on several distributions) put it there
-    (`.../crio-<id>.scope/container`) or the container made it (named like another container,
-    it still names no other)."""
+    """Where a process runs, from the text of its /proc/<pid>/cgroup; None for a process in
+    no container (the node's own). Every layout: cgroup v1 and v2, the kubelet's `systemd`
+    and `cgroupfs` drivers with or without per-QoS cgroups (then no pod in the path:
+    `/k8s.io/<id>`), containerd, CRI-O (runc and crun) and Docker names."""
     for line in cgroup.splitlines():
         path = line.split(":", 2)[-1].rstrip("/")
-        parts = path.split("/")
-        for depth, part in enumerate(parts):
-            container = _container_id(part)
-            if container is None:
-                continue
-            pod = _POD.search("/".join(parts[:depth]))
-            return CgroupPlace(PodUid(pod[1].replace("_", "-")) if pod else None, container)
+        ids = tuple(c for c in map(_container_id, path.split("/")) if c is not None)
+        if ids:
+            pod = _POD.search(path)
+            return CgroupPlace(PodUid(pod[1].replace("_", "-")) if pod else None, ids)
     return None
 
 
@@ -201,7 +204,7 @@ def measure(
     for process in processes:
         mib = process.used_mib or 0
         place = places.get(process.pid)
-        known = containers.get(place.container_id) if place else None
+        known = place.container_in(containers) if place else None
         if known is None or (place and place.pod_uid not in (None, known[0].uid)):
             unmapped[process.card] = unmapped.get(process.card, 0) + mib
             continue

@@ -119,6 +119,8 @@ class OverUseWatch:
         for key, use in over.items():
             episode = self._episodes.setdefault(key, _Episode(began=now, last_over=now))
             episode.last_over = now
+            if policy is not OverUsePolicy.EVICT:
+                episode.refused_since = None  # refusals count while evictions are asked
             if policy is OverUsePolicy.IGNORE or now - episode.began < grace_s:
                 continue
             if episode.retry_at is not None and now < episode.retry_at:

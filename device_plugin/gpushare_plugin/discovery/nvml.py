@@ -138,6 +138,7 @@ class NvmlDiscovery:
             for what, name in _MORE_LISTS
             if (call := getattr(nvml, name, None)) is not None
         ]
+        silent = 0  # cards whose compute processes NVML could not list
         for i in range(count):
             seen: dict[int, int | None] = {}
             try:
@@ -145,6 +146,7 @@ class NvmlDiscovery:
                 listed = list(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
             except nvml.NVMLError as error:
                 problems.append(f"card {i}: NVML could not list its processes ({error})")
+                silent += 1
                 continue
             for what, call in more:
                 try:
@@ -162,7 +164,7 @@ class NvmlDiscovery:
             found.extend(
                 CardProcess(pid=pid, card=CardIndex(i), used_mib=mib) for pid, mib in seen.items()
             )
-        if count and not found and len(problems) >= count:
+        if count and silent == count:
             # Not one card could say: nothing measured, rather than nothing used.
             raise DiscoveryError("; ".join(problems))
         return Processes(found, problems)

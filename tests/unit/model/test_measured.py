@@ -42,17 +42,36 @@ CONTAINER = "a3f5" * 16
         f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UNDERSCORED}.slice"
         f"/crio-{CONTAINER}.scope/container",
         f"0::/kubepods/burstable/pod{UID}/{CONTAINER}/init.scope",
-        f"0::/kubepods/burstable/pod{UID}/{CONTAINER}/{'b' * 64}",  # named like another's
     ],
 )
 def test_a_containers_process_is_placed_by_its_cgroup_in_every_layout(cgroup: str) -> None:
-    assert container_of(cgroup) == CgroupPlace(PodUid(UID), CONTAINER)
+    assert container_of(cgroup) == CgroupPlace(PodUid(UID), (CONTAINER,))
+
+
+NEIGHBOURS = "b" * 64
+NODE = "c" * 64
+
+
+@pytest.mark.parametrize(
+    "cgroup",
+    [
+        # A cgroup the container made, named like its neighbour's: it names no other.
+        f"0::/kubepods/burstable/pod{UID}/{CONTAINER}/{NEIGHBOURS}",
+        # A node that is itself a container (kind): its id, which no pod knows, comes first.
+        f"0::/docker/{NODE}/kubepods/burstable/pod{UID}/{CONTAINER}",
+    ],
+)
+def test_the_outermost_container_the_node_knows_is_the_process_s(cgroup: str) -> None:
+    place = container_of(cgroup)
+    assert place is not None
+    known = {CONTAINER: "mine", NEIGHBOURS: "the neighbour's"}
+    assert place.container_in(known) == "mine"
 
 
 def test_without_per_qos_cgroups_the_container_id_alone_places_a_process() -> None:
     # cgroupsPerQOS: false (the test nodes): containerd's own parent, no pod in the path.
     cgroup = f"4:memory:/k8s.io/{CONTAINER}\n0::/\n"
-    assert container_of(cgroup) == CgroupPlace(None, CONTAINER)
+    assert container_of(cgroup) == CgroupPlace(None, (CONTAINER,))
 
 
 @pytest.mark.parametrize(
@@ -84,12 +103,12 @@ def measured() -> MeasuredUsage:
         Process(6, CardIndex(0), 50),
     ]
     places = {
-        1: CgroupPlace(POD.uid, "c1"),
-        2: CgroupPlace(None, "c1"),  # a layout whose path names no pod
-        3: CgroupPlace(NEIGHBOUR.uid, "c2"),
-        4: CgroupPlace(POD.uid, "c1"),
+        1: CgroupPlace(POD.uid, ("c1",)),
+        2: CgroupPlace(None, ("c1",)),  # a layout whose path names no pod
+        3: CgroupPlace(NEIGHBOUR.uid, ("c2",)),
+        4: CgroupPlace(POD.uid, ("c1",)),
         5: None,
-        6: CgroupPlace(NEIGHBOUR.uid, "c1"),  # names another pod than the id's: not believed
+        6: CgroupPlace(NEIGHBOUR.uid, ("c1",)),  # names another pod than the id's: not believed
     }
     containers = {"c1": (POD, "main"), "c2": (NEIGHBOUR, "main")}
     grants = {
@@ -229,3 +248,22 @@ def test_only_a_budgets_refusal_counts_toward_deleting() -> None:
         assert not any(action.delete for action in found)
         for action in found:
             watch.retry_later(action, now, after_s=30)  # fenced, or the apiserver out of reach
+
+
+def test_refusals_count_toward_deleting_only_while_evictions_are_asked() -> None:
+    watch = OverUseWatch()
+
+    def act(now: float, policy: OverUsePolicy) -> list[str]:
+        found = watch.observe(
+            "n", measured(), measured_at=now, now=now, policy=policy, grace_s=30, max_age_s=90,
+            delete_after_s=60,
+        )  # fmt: skip
+        for action in found:
+            watch.retry_later(action, now, after_s=30, by_budget=action.evict)
+        return sorted({"delete" if a.delete else "evict" if a.evict else "warn" for a in found})
+
+    act(0, OverUsePolicy.EVICT)
+    assert act(30, OverUsePolicy.EVICT) == ["evict"]  # refused from 30
+    assert act(60, OverUsePolicy.WARN) == ["warn"]  # the admin turned evictions off
+    assert act(120, OverUsePolicy.EVICT) == ["evict"]  # refused anew from 120, not from 30
+    assert act(180, OverUsePolicy.EVICT) == ["delete"]

@@ -153,8 +153,8 @@ class Budgeted(Api):
     async def evict(self, pod: PodRef) -> None:
         raise ApiError(429, "Cannot evict pod as it would violate the pod's disruption budget.")
 
-    async def delete_pod(self, pod: PodRef) -> None:
-        self.deleted.append(pod.name)
+    async def delete_pod(self, pod: PodRef, *, grace_period_s: int) -> None:
+        self.deleted.append(f"{pod.name} in {grace_period_s} s")
 
 
 async def test_a_pod_its_budgets_keep_over_its_share_is_deleted_when_the_admin_allows() -> None:
@@ -175,10 +175,40 @@ async def test_a_pod_its_budgets_keep_over_its_share_is_deleted_when_the_admin_a
         cache.observe_gpunode(measured_at(now[0]))
         await guard.check()
         now[0] += config.over_use_grace_s
-    assert api.deleted == ["hog"]
+    assert api.deleted == ["hog in 30 s"]  # the over-use grace, not its own
     assert (
         "Its eviction was refused for 60 s, past overUseDeleteAfterSeconds: deleted"
         in (events.said[-1])
     )
     assert "has been over it for 90 s" in events.said[-1]
     assert all("PodDisruptionBudget refused" in said for said in events.said[:-1])
+
+
+@pytest.mark.parametrize(
+    ("status", "message"),
+    [
+        (429, "Too many requests, please try again later."),  # API Priority and Fairness
+        (500, "etcdserver: leader changed"),
+        (503, "the apiserver is shutting down"),
+    ],
+)
+async def test_only_a_budgets_refusal_counts_toward_deleting(status: int, message: str) -> None:
+    config = dataclasses.replace(CONFIG, over_use_delete_after_s=1)
+    api, events = Refusing(ApiError(status, message)), Events()
+    now = [1_000_000.0]
+    cache = SchedulerCache(config=lambda: config)
+    guard = OverUseGuard(
+        cache=cache,
+        api=api,  # type: ignore[arg-type]
+        reporter=events,  # type: ignore[arg-type]
+        metrics=SchedulerMetrics(),
+        config=lambda: config,
+        fence=WriteFence(lambda: True),
+        clock=lambda: now[0],
+    )
+    for _ in range(5):
+        cache.observe_gpunode(measured_at(now[0]))
+        await guard.check()
+        now[0] += config.over_use_grace_s
+    assert len(events.said) == 4
+    assert not any("deleted" in said or "PodDisruptionBudget" in said for said in events.said)

@@ -205,6 +205,16 @@ def test_when_no_card_can_say_nothing_is_measured_rather_than_nothing_used() -> 
     nvml = h200s()
     discovery = NvmlDiscovery(nvml)  # type: ignore[arg-type]
     for card in nvml.cards:
+        card["graphics"] = None  # idle cards (no graphics), whose MPS list cannot say
+
+    def unknown(handle: int) -> list[SimpleNamespace]:
+        raise NVMLError(999)
+
+    nvml.nvmlDeviceGetMPSComputeRunningProcesses = unknown  # type: ignore[method-assign]
+    idle = discovery.processes()  # their compute lists said: nothing used
+    assert idle.found == []
+    assert len(idle.problems) == 2
+    for card in nvml.cards:
         card["processes_error"] = 999  # NVML_ERROR_UNKNOWN
     with pytest.raises(DiscoveryError, match="card 1: NVML could not list its processes"):
         discovery.processes()

@@ -85,12 +85,14 @@ async def test_inspect_explain_and_simulate_show_what_the_scheduler_sees(
     assert report["node"] == "gpu-node-1"
     assert (report["usedMiB"], report["totalMiB"]) == (1024, 2 * 11178)
     card0, card1 = report["cards"]
-    # measuredMiB: what the pod's processes hold, once the plugin has measured (none here).
-    held = [{k: v for k, v in pod.items() if k != "measuredMiB"} for pod in card0["pods"]]
+    # measuredMiB, grantedMiB: what the pod's processes hold and its measured containers were
+    # granted, once the plugin has measured (nothing runs on fake cards).
+    measured = ("measuredMiB", "grantedMiB")
+    held = [{k: v for k, v in pod.items() if k not in measured} for pod in card0["pods"]]
     assert (card0["usedMiB"], card0["totalMiB"], held) == (
         1024,
         11178,
-        [{"namespace": "default", "name": "gpu-pod1", "mib": 1024}],
+        [{"namespace": "default", "name": "gpu-pod1", "mib": 1024, "over": False}],
     )
     assert card0["pods"][0]["measuredMiB"] in (None, 0)
     assert (card1["usedMiB"], card1["health"], card0["model"]) == (0, "Healthy", "Fake GPU")

@@ -449,6 +449,16 @@ async def test_a_pods_placement_record_is_written_by_gpushare_alone(
         lambda **dry: annotate(core, "p", {VOLCANO_GROUP_ANNOTATIONS[0]: "other"}, **dry)
     )
     assert f"annotation(s) {VOLCANO_GROUP_ANNOTATIONS[0]} of a pod belong" in moved
+    # Nor does a pod leave the gang it joined at creation.
+    member = labelled(gpu_pod("member", number=1))
+    member["metadata"]["labels"][COSCHEDULING_GROUP_LABEL] = "g"
+    member["metadata"]["annotations"] = {VOLCANO_GROUP_ANNOTATIONS[1]: "g"}
+    await bind_pod(core, await create_pod(core, member), "n1", {contract.GPU_INDEX: "1"})
+    for leave in (
+        lambda **dry: relabel(core, "member", {COSCHEDULING_GROUP_LABEL: None}, **dry),
+        lambda **dry: annotate(core, "member", {VOLCANO_GROUP_ANNOTATIONS[1]: None}, **dry),
+    ):
+        assert "gpushare's record of where it placed the pod" in await refusal(leave)
     # A pod without GPUs is not judged (its writes cost the apiserver no policy): its
     # annotations are its owner's, whatever their names.
     plain = gpu_pod("plain")

@@ -395,9 +395,9 @@ def container_pids(pod: dict[str, Any]) -> dict[str, int]:
     for cgroup in Path("/proc").glob("[0-9]*/cgroup"):
         with contextlib.suppress(OSError):
             place = container_of(cgroup.read_text())
-            if place and place.container_id in ids:
+            name = place.container_in(ids) if place else None
+            if name is not None:
                 pid = int(cgroup.parent.name)
-                name = ids[place.container_id]
                 found[name] = min(pid, found.get(name, pid))
     return found
 

@@ -284,7 +284,7 @@ def test_no_edit_takes_a_gpu_pod_out_of_the_placement_policy(
         PODS_IN_EACH_STATE, st.one_of(st.none(), st.sampled_from(["g", "other"])), ROUTES
     )
 )
-def test_no_pod_joins_or_leaves_a_gang_after_its_creation(
+def test_no_pod_joins_a_gang_after_its_creation(
     tenant: Tenant, pods: dict[str, int], edit: tuple[str, str | None, str]
 ) -> None:
     # Joined later, a bound pod would tie its fate to a gang's in preemption (evicting one
