@@ -87,8 +87,8 @@ async def test_inspect_explain_and_simulate_show_what_the_scheduler_sees(
     card0, card1 = report["cards"]
     # measuredMiB, grantedMiB: what the pod's processes hold and its measured containers were
     # granted, once the plugin has measured (nothing runs on fake cards).
-    measured = ("measuredMiB", "grantedMiB")
-    held = [{k: v for k, v in pod.items() if k not in measured} for pod in card0["pods"]]
+    measurement = ("measuredMiB", "grantedMiB")
+    held = [{k: v for k, v in pod.items() if k not in measurement} for pod in card0["pods"]]
     assert (card0["usedMiB"], card0["totalMiB"], held) == (
         1024,
         11178,
