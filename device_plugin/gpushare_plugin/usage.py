@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Set
 from pathlib import Path
+
+from prometheus_client import Gauge
 
 from gpushare import logs
 from gpushare.kube import ApiError
@@ -45,6 +47,7 @@ from gpushare_plugin.metrics import PluginMetrics
 from gpushare_plugin.podcache import PodCache
 
 MIB = 1024 * 1024
+Labels = set[tuple[str, ...]]
 
 
 def read_places(pids: Iterable[int], proc_root: Path) -> dict[int, CgroupPlace | None]:
@@ -91,7 +94,7 @@ class UsageMeter:
         self._refresh_s = refresh_s
         self._published: tuple[str, float] | None = None  # what was written, and when
         self._problems: list[str] = []
-        self._exported: tuple[set[tuple[str, ...]], ...] = (set(), set(), set())
+        self._exported: tuple[Labels, Labels, Labels] = (set(), set(), set())
         """The label sets of the series last set: used, granted (known), unmapped."""
         self._log = logs.get("usage", node=table.node)
 
@@ -156,37 +159,24 @@ class UsageMeter:
         return grants
 
     def _export(self, measured: MeasuredUsage) -> None:
-        """Set each series measured, then remove those no longer measured: a scrape between
-        the two sees every series that is still true (clearing first would hide them)."""
         node = self._table.node
-        used, granted = self._metrics.container_used_bytes, self._metrics.container_granted_bytes
-        unmapped = self._metrics.unmapped_used_bytes
-        series: set[tuple[str, ...]] = set()
-        known: set[tuple[str, ...]] = set()
+        used: dict[tuple[str, ...], float] = {}
+        granted: dict[tuple[str, ...], float] = {}
         for use in measured.containers:
-            labels: tuple[str, ...] = (
-                node,
-                use.pod.namespace,
-                use.pod.name,
-                use.container,
-                str(use.card),
-            )
-            series.add(labels)
-            used.labels(*labels).set(use.used_mib * MIB)
+            labels = (node, use.pod.namespace, use.pod.name, use.container, str(use.card))
+            used[labels] = use.used_mib * MIB
             if use.granted_mib is not None:
-                known.add(labels)
-                granted.labels(*labels).set(use.granted_mib * MIB)
-        cards: set[tuple[str, ...]] = {(node, str(card)) for card in measured.unmapped_mib}
-        for card, mib in measured.unmapped_mib.items():
-            unmapped.labels(node, str(card)).set(mib * MIB)
-        before_series, before_known, before_cards = self._exported
-        for gone in before_series - series:
-            used.remove(*gone)
-        for gone in before_known - known:
-            granted.remove(*gone)
-        for gone in before_cards - cards:
-            unmapped.remove(*gone)
-        self._exported = series, known, cards
+                granted[labels] = use.granted_mib * MIB
+        unmapped: dict[tuple[str, ...], float] = {
+            (node, str(card)): mib * MIB for card, mib in measured.unmapped_mib.items()
+        }
+        metrics = self._metrics
+        before_used, before_granted, before_unmapped = self._exported
+        self._exported = (
+            _set_series(metrics.container_used_bytes, used, before_used),
+            _set_series(metrics.container_granted_bytes, granted, before_granted),
+            _set_series(metrics.unmapped_used_bytes, unmapped, before_unmapped),
+        )
 
     async def _publish(self, measured: MeasuredUsage) -> None:
         text = measured.to_annotation()
@@ -202,3 +192,16 @@ class UsageMeter:
             self._log.warning("usage_publish_failed", error=repr(error))
             return
         self._published = (content, now)
+
+
+def _set_series(
+    gauge: Gauge, values: Mapping[tuple[str, ...], float], before: Set[tuple[str, ...]]
+) -> set[tuple[str, ...]]:
+    """Set each series of `values`, then remove those of `before` no longer among them: a
+    scrape between the two sees every series that is still true (clearing first would hide
+    them). The label sets now set."""
+    for labels, value in values.items():
+        gauge.labels(*labels).set(value)
+    for gone in before - values.keys():
+        gauge.remove(*gone)
+    return set(values)

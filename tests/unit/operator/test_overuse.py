@@ -103,8 +103,28 @@ class Events:
         self.said.append(message)
 
 
+async def judged(api: Api, checks: int, config: OperatorConfig = CONFIG) -> list[str]:
+    """What the leader's guard says of `HOG`, over `checks` measurements one grace apart."""
+    events, now = Events(), [1_000_000.0]
+    cache = SchedulerCache(config=lambda: config)
+    guard = OverUseGuard(
+        cache=cache,
+        api=api,  # type: ignore[arg-type]
+        reporter=events,  # type: ignore[arg-type]
+        metrics=SchedulerMetrics(),
+        config=lambda: config,
+        fence=WriteFence(lambda: True),
+        clock=lambda: now[0],
+    )
+    for _ in range(checks):
+        cache.observe_gpunode(measured_at(now[0]))
+        await guard.check()
+        now[0] += config.over_use_grace_s
+    return events.said
+
+
 @pytest.mark.parametrize(
-    ("status", "said"),
+    ("status", "expected"),
     [
         (429, "Its PodDisruptionBudget refused the eviction (Cannot evict pod"),
         (403, "the operator's role needs create on pods/eviction"),
@@ -113,33 +133,21 @@ class Events:
         (409, None),  # replaced by a namesake: the UID precondition
     ],
 )
-async def test_a_refused_eviction_is_said_as_what_refused_it(status: int, said: str | None) -> None:
+async def test_a_refused_eviction_is_said_as_what_refused_it(
+    status: int, expected: str | None
+) -> None:
     messages = {
         429: "Cannot evict pod as it would violate the pod's disruption budget.",
         403: 'pods "hog" is forbidden: User cannot create resource "pods/eviction"',
         500: "etcdserver: leader changed",
     }
-    api, events = Refusing(ApiError(status, messages.get(status, "no"))), Events()
-    now = [1_000_000.0]
-    cache = SchedulerCache(config=lambda: CONFIG)
-    guard = OverUseGuard(
-        cache=cache,
-        api=api,  # type: ignore[arg-type]
-        reporter=events,  # type: ignore[arg-type]
-        metrics=SchedulerMetrics(),
-        config=lambda: CONFIG,
-        fence=WriteFence(lambda: True),
-        clock=lambda: now[0],
-    )
-    for _ in range(2):
-        cache.observe_gpunode(measured_at(now[0]))
-        await guard.check()
-        now[0] += CONFIG.over_use_grace_s
-    if said is None:
-        assert events.said == []
+    api = Refusing(ApiError(status, messages.get(status, "no")))
+    said = await judged(api, 2)
+    if expected is None:
+        assert said == []
         return
-    (message,) = events.said
-    assert said in message
+    (message,) = said
+    assert expected in message
     assert message.endswith("tried again in 30 s")
 
 
@@ -159,29 +167,14 @@ class Budgeted(Api):
 
 async def test_a_pod_its_budgets_keep_over_its_share_is_deleted_when_the_admin_allows() -> None:
     config = dataclasses.replace(CONFIG, over_use_delete_after_s=60)
-    api, events = Budgeted(), Events()
-    now = [1_000_000.0]
-    cache = SchedulerCache(config=lambda: config)
-    guard = OverUseGuard(
-        cache=cache,
-        api=api,  # type: ignore[arg-type]
-        reporter=events,  # type: ignore[arg-type]
-        metrics=SchedulerMetrics(),
-        config=lambda: config,
-        fence=WriteFence(lambda: True),
-        clock=lambda: now[0],
-    )
-    for _ in range(4):  # over at 0; refused at 30 and 60; 60 s of refusals at 90
-        cache.observe_gpunode(measured_at(now[0]))
-        await guard.check()
-        now[0] += config.over_use_grace_s
+    api = Budgeted()
+    said = await judged(api, 4, config)  # over at 0; refused at 30 and 60; 60 s of refusals at 90
     assert api.deleted == ["hog in 30 s"]  # the over-use grace, not its own
     assert (
-        "Its eviction was refused for 60 s, past overUseDeleteAfterSeconds: deleted"
-        in (events.said[-1])
+        "Its eviction was refused for 60 s, past overUseDeleteAfterSeconds: deleted" in (said[-1])
     )
-    assert "has been over it for 90 s" in events.said[-1]
-    assert all("PodDisruptionBudget refused" in said for said in events.said[:-1])
+    assert "has been over it for 90 s" in said[-1]
+    assert all("PodDisruptionBudget refused" in message for message in said[:-1])
 
 
 @pytest.mark.parametrize(
@@ -194,21 +187,7 @@ async def test_a_pod_its_budgets_keep_over_its_share_is_deleted_when_the_admin_a
 )
 async def test_only_a_budgets_refusal_counts_toward_deleting(status: int, message: str) -> None:
     config = dataclasses.replace(CONFIG, over_use_delete_after_s=1)
-    api, events = Refusing(ApiError(status, message)), Events()
-    now = [1_000_000.0]
-    cache = SchedulerCache(config=lambda: config)
-    guard = OverUseGuard(
-        cache=cache,
-        api=api,  # type: ignore[arg-type]
-        reporter=events,  # type: ignore[arg-type]
-        metrics=SchedulerMetrics(),
-        config=lambda: config,
-        fence=WriteFence(lambda: True),
-        clock=lambda: now[0],
-    )
-    for _ in range(5):
-        cache.observe_gpunode(measured_at(now[0]))
-        await guard.check()
-        now[0] += config.over_use_grace_s
-    assert len(events.said) == 4
-    assert not any("deleted" in said or "PodDisruptionBudget" in said for said in events.said)
+    api = Refusing(ApiError(status, message))
+    said = await judged(api, 5, config)
+    assert len(said) == 4
+    assert not any("deleted" in message or "PodDisruptionBudget" in message for message in said)

@@ -27,6 +27,8 @@ pytestmark = pytest.mark.asyncio
 
 UID = "6f1a0c3e-5b2d-4c7a-9e8f-0a1b2c3d4e5f"
 CONTAINER_ID = "b" * 64
+TRAIN = {"node": "n", "namespace": "default", "pod": "train", "container": "cuda-container"}
+"""The labels of the running pod's container series (a card's beside)."""
 
 
 class Pods:
@@ -99,9 +101,8 @@ async def test_a_containers_processes_are_measured_beside_its_grant_and_publishe
     assert (str(use.pod), use.container, use.card) == ("default/train", "cuda-container", 0)
     assert (use.used_mib, use.granted_mib) == (1500, 1024)  # rebuilt from the pod: over
     assert measured.unmapped_mib == {0: 300}  # sshd's: no container, never acted on
-    labels = {"node": "n", "namespace": "default", "pod": "train", "container": "cuda-container"}
     used = metrics.registry.get_sample_value(
-        "gpushare_plugin_container_gpu_memory_used_bytes", {**labels, "card": "0"}
+        "gpushare_plugin_container_gpu_memory_used_bytes", {**TRAIN, "card": "0"}
     )
     assert used == 1500 * 1024 * 1024
     (written,) = api.written
@@ -130,9 +131,8 @@ async def test_a_container_whose_grant_cannot_be_told_is_shown_and_never_judged(
     assert (use.used_mib, use.granted_mib, use.over) == (1500, None, False)
     (written,) = api.written
     assert MeasuredUsage.from_annotation(written, owner="GPUNode n").containers == (use,)
-    labels = {"node": "n", "namespace": "default", "pod": "train", "container": "cuda-container"}
     granted = "gpushare_plugin_container_gpu_memory_granted_bytes"
-    assert metrics.registry.get_sample_value(granted, {**labels, "card": "0"}) is None
+    assert metrics.registry.get_sample_value(granted, {**TRAIN, "card": "0"}) is None
 
 
 async def test_a_debug_containers_process_is_its_pods_and_was_granted_nothing(
@@ -156,12 +156,11 @@ async def test_the_series_of_a_container_gone_are_removed_and_its_cards_kept(
         [{"pid": 100, "card": 0, "usedMiB": 1500}, {"pid": 200, "card": 0, "usedMiB": 300}],
     )
     await made.measure_and_publish()
-    labels = {"node": "n", "namespace": "default", "pod": "train", "container": "cuda-container"}
     used = "gpushare_plugin_container_gpu_memory_used_bytes"
     unmapped = "gpushare_plugin_unmapped_gpu_memory_used_bytes"
     made._pods.bound = []  # type: ignore[attr-defined]  # the pod was deleted
     await made.measure_and_publish()
-    assert metrics.registry.get_sample_value(used, {**labels, "card": "0"}) is None
+    assert metrics.registry.get_sample_value(used, {**TRAIN, "card": "0"}) is None
     assert metrics.registry.get_sample_value(unmapped, {"node": "n", "card": "0"}) == (
         1800 * 1024 * 1024
     )
