@@ -346,7 +346,7 @@ async def _podgroups(objects: client.CustomObjectsApi) -> list[tuple[GroupApi, I
 
 async def _budgets(policy: client.PolicyV1Api) -> list[Item]:
     """Every PodDisruptionBudget; none when this user may not list them cluster-wide (what
-    preemption would evict is then shown as if no budget protected a pod)."""
+    preemption would evict is then shown as if no budget covered a pod)."""
     try:
         return await list_all(policy.list_pod_disruption_budget_for_all_namespaces)
     except ApiError as error:

@@ -232,6 +232,7 @@ def explain_json(report: Explanation) -> dict[str, Any]:
             "node": preemption.placement.node,
             "cards": list(preemption.placement.cards),
             "victims": [str(ref) for ref in preemption.victims],
+            "pastBudgets": [str(ref) for ref in preemption.past_budgets],
         }
     shown["nodes"] = [_verdict_json(verdict) for verdict in outcome.nodes]
     return shown
@@ -300,6 +301,10 @@ def _unplaceable(report: Explanation, outcome: Unplaceable, wide: bool) -> list[
         cards = ",".join(map(str, preemption.placement.cards))
         victims = ", ".join(map(str, preemption.victims))
         lines.append(f"would evict, on {preemption.placement.node} card {cards}: {victims}")
+        if preemption.past_budgets:
+            budgets = ", ".join(map(str, preemption.budgets))
+            past = ", ".join(map(str, preemption.past_budgets))
+            lines.append(f"would delete past PodDisruptionBudget {budgets}: {past}")
     if outcome.nodes:
         if (asked := _asked(outcome.nodes)) is not None:
             lines.append(f"it asks for {asked} on one card")

@@ -107,10 +107,10 @@ class SchedulerApi(Protocol):
         still the pod `pod.uid` names."""
         ...
 
-    async def delete_pod(self, pod: PodRef, *, grace_period_s: int) -> None:
+    async def delete_pod(self, pod: PodRef, *, grace_period_s: int | None) -> None:
         """Delete the pod (no PodDisruptionBudget asked: an over-user its budgets kept, when the
-        admin opts in), only if it is still the pod `pod.uid` names, with this grace period
-        instead of its own."""
+        admin opts in; a victim of preemption its budgets would keep), only if it is still the
+        pod `pod.uid` names, with this grace period instead of its own (None: its own)."""
         ...
 
     async def patch_podgroup_status(self, group: GroupKey, status: Mapping[str, Any]) -> None:
@@ -459,8 +459,10 @@ class KubeSchedulerApi:
                 )
             )
 
-    async def delete_pod(self, pod: PodRef, *, grace_period_s: int) -> None:
-        options = {"preconditions": {"uid": pod.uid}, "gracePeriodSeconds": grace_period_s}
+    async def delete_pod(self, pod: PodRef, *, grace_period_s: int | None) -> None:
+        options: dict[str, Any] = {"preconditions": {"uid": pod.uid}}
+        if grace_period_s is not None:
+            options["gracePeriodSeconds"] = grace_period_s
         await raw_json(
             self._core.delete_namespaced_pod(
                 pod.name,

@@ -245,17 +245,28 @@ class Scheduler:
         )
         if outcome.preemption.victims:
             self._reporter.event(pod.ref, PREEMPTING, preemptor_message(pod.ref, outcome))
+        past_budgets = set(outcome.preemption.past_budgets)
         for victim in outcome.preemption.victims:
             message = victim_message(pod.ref, priority, outcome, victim)
-            self._start(self._evict_victim(pod.ref, victim, message), f"preempt {victim}")
+            self._start(
+                self._evict_victim(pod.ref, victim, message, delete=victim in past_budgets),
+                f"preempt {victim}",
+            )
         return outcome.refusal
 
-    async def _evict_victim(self, preemptor: PodRef, victim: PodRef, message: str) -> None:
-        """Evict one victim through the Eviction API. A refusal (a PodDisruptionBudget that
-        changed meanwhile, say) ends the nomination: the preemptor chooses again."""
+    async def _evict_victim(
+        self, preemptor: PodRef, victim: PodRef, message: str, *, delete: bool
+    ) -> None:
+        """Evict one victim through the Eviction API, or, one whose PodDisruptionBudget the
+        preemption breaks (`delete`), delete it with its own grace period, as kube-scheduler
+        deletes its victims. A refusal (a budget that changed meanwhile, say) ends the
+        nomination: the preemptor chooses again."""
         try:
-            self._fence.check(f"evict {victim}")
-            await retry(lambda: self._api.evict(victim), WRITE)
+            self._fence.check(f"{'delete' if delete else 'evict'} {victim}")
+            if delete:
+                await retry(lambda: self._api.delete_pod(victim, grace_period_s=None), WRITE)
+            else:
+                await retry(lambda: self._api.evict(victim), WRITE)
         except (ApiError, OSError, TimeoutError, Fenced) as error:
             if isinstance(error, ApiError) and error.status == 404:
                 return  # gone already: room made all the same

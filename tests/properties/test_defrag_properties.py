@@ -26,7 +26,7 @@ from gpushare.model import (
     find_placement,
 )
 from gpushare.model.defrag import DefragPlan, PendingPod, plan_defrag
-from gpushare.model.disruption import Budget, breached
+from gpushare.model.disruption import Budget, breach
 from gpushare.model.inventory import InventorySource
 from gpushare.model.preemption import Evictable, GangHold, View
 
@@ -139,7 +139,7 @@ def test_a_plan_moves_only_movable_pods_within_their_budgets_and_places_what_it_
     assert len(moved) == len(set(moved))  # each pod moves once
     assert all(uid in case.movable.pods for uid in moved)
     movers = [case.movable.pods[uid] for uid in moved]
-    assert breached(case.movable.budgets, ((p.ref.namespace, p.labels) for p in movers)) is None
+    assert not breach(case.movable.budgets, ((p.ref.namespace, p.labels) for p in movers)).budgets
     for key, hold in case.movable.gangs.items():
         assert len(hold.members & set(moved)) <= hold.spare, key
     assert {room.pod for room in plan.rooms} | {ref for ref, _ in plan.waiting} == {
@@ -170,7 +170,7 @@ def feasible(
     case: Fragmented, pod: PendingPod, node: NodeName, index: CardIndex, chosen: tuple[PodUid, ...]
 ) -> bool:
     movers = [case.movable.pods[uid] for uid in chosen]
-    if breached(case.movable.budgets, ((p.ref.namespace, p.labels) for p in movers)):
+    if breach(case.movable.budgets, ((p.ref.namespace, p.labels) for p in movers)).budgets:
         return False
     for hold in case.movable.gangs.values():
         if len(hold.members & set(chosen)) > hold.spare:

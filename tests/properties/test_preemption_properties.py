@@ -4,7 +4,7 @@ set of pods is tried, and the model's choice must be feasible and as cheap as th
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import chain, combinations
 
 from hypothesis import given, settings
@@ -23,7 +23,7 @@ from gpushare.model import (
     PodUid,
     find_placement,
 )
-from gpushare.model.disruption import Budget, breached
+from gpushare.model.disruption import Budget, breach
 from gpushare.model.inventory import InventorySource
 from gpushare.model.preemption import (
     Cost,
@@ -119,7 +119,9 @@ def clusters(draw: st.DrawFn) -> Cluster:
             allocation = ledger.allocation(uid)
             assert allocation is not None
             table.put(pod, allocation.node, min(allocation.cards))
-    view = View(pods=table, gangs=gangs, budgets=budgets, now_s=NOW)
+    view = View(
+        pods=table, gangs=gangs, budgets=budgets, now_s=NOW, break_budgets=draw(st.booleans())
+    )
     return Cluster(ledger, view, refused, unblocker)
 
 
@@ -144,7 +146,8 @@ def eligible(cluster: Cluster, chosen: Iterable[PodUid], priority: int) -> froze
     if victims is None:
         return None
     pods = [cluster.view.pods[uid] for uid in victims]
-    if breached(cluster.view.budgets, ((p.ref.namespace, p.labels) for p in pods)):
+    broken = breach(cluster.view.budgets, ((p.ref.namespace, p.labels) for p in pods))
+    if broken.budgets and not cluster.view.break_budgets:
         return None
     return victims
 
@@ -190,11 +193,19 @@ def cheapest_whole(
 
 
 def check_feasible(cluster: Cluster, found: Preemption, priority: int, request: PodRequest) -> None:
-    """The victims are all of lower priority, break no budget, and once they are gone the pod
-    fits where the preemption says."""
+    """The victims are all of lower priority, break a budget only where the view allows it
+    (and then the pods it covers are the ones deleted), and once they are gone the pod fits
+    where the preemption says."""
     uids = [ref.uid for ref in found.victims]
     assert all(cluster.view.pods[uid].priority < priority for uid in uids)
     assert eligible(cluster, uids, priority) == frozenset(uids)
+    pods = [cluster.view.pods[uid] for uid in uids]
+    broken = breach(cluster.view.budgets, ((p.ref.namespace, p.labels) for p in pods))
+    assert found.cost.past_budgets == broken.over
+    assert found.budgets == broken.budgets
+    assert {ref.uid for ref in found.past_budgets} == {
+        p.ref.uid for p in pods if any(b.covers(p.ref.namespace, p.labels) for b in broken.budgets)
+    }
     for uid in uids:
         cluster.ledger.release(uid)
     placement = find_placement(
@@ -279,7 +290,11 @@ def test_a_pod_asking_for_more_cards_than_a_node_has_gets_a_reason_not_a_crash()
     assert isinstance(found, str), found
 
 
-def test_a_budget_that_forbids_the_cheaper_set_makes_the_next_one_chosen() -> None:
+def two_cards(
+    placed: Iterable[tuple[str, int, int, dict[str, str]]],
+) -> tuple[Ledger, dict[PodUid, Evictable]]:
+    """Node `n` with two cards of 10, and pods (name, card, amount, labels) of priority 0 in
+    namespace `a` on them."""
     ledger = Ledger()
     node = NodeName("n")
     ledger.set_node(
@@ -294,12 +309,7 @@ def test_a_budget_that_forbids_the_cheaper_set_makes_the_next_one_chosen() -> No
         )
     )
     pods: dict[PodUid, Evictable] = {}
-    for name, card, amount, labels in (
-        ("big", 0, 8, {"app": "db"}),
-        ("small-1", 0, 2, {"app": "web"}),
-        ("half-1", 1, 5, {"app": "web"}),
-        ("half-2", 1, 5, {"app": "web"}),
-    ):
+    for name, card, amount, labels in placed:
         ref = PodRef(namespace="a", name=name, uid=PodUid(name))
         ledger.add(
             Allocation(
@@ -307,13 +317,48 @@ def test_a_budget_that_forbids_the_cheaper_set_makes_the_next_one_chosen() -> No
             )
         )
         pods[ref.uid] = Evictable(ref=ref, priority=0, started_s=0.0, labels=labels)
-    budget = Budget(namespace="a", name="db", match_labels={"app": "db"}, allowed=0)
+    return ledger, pods
+
+
+DB_BUDGET = Budget(namespace="a", name="db", match_labels={"app": "db"}, allowed=0)
+
+
+def test_a_set_its_budgets_allow_goes_before_a_smaller_one_that_breaks_a_budget() -> None:
+    ledger, pods = two_cards(
+        (
+            ("big", 0, 8, {"app": "db"}),
+            ("small-1", 0, 2, {"app": "web"}),
+            ("half-1", 1, 5, {"app": "web"}),
+            ("half-2", 1, 5, {"app": "web"}),
+        )
+    )
     found = preempt(
-        ledger, memory(8), 10, View(pods=pods, budgets=[budget]), node_check=lambda _n, _v: None
+        ledger, memory(8), 10, View(pods=pods, budgets=[DB_BUDGET]), node_check=lambda _n, _v: None
     )
     assert isinstance(found, Preemption)
     assert [ref.name for ref in found.victims] == ["half-1", "half-2"]
     assert found.placement.cards == (1,)
+    assert found.past_budgets == ()
+
+
+def test_a_budget_is_broken_only_when_no_set_it_allows_makes_room_and_never_by_moving() -> None:
+    # kube-scheduler's rule: a tenant's budget cannot keep its pods of low priority from
+    # every pod of higher priority. Defragmentation moves pods only as budgets allow.
+    ledger, pods = two_cards(
+        (("big", 0, 8, {"app": "db"}), ("web", 0, 2, {"app": "web"}), ("other", 1, 10, {}))
+    )
+    pods[PodUid("other")] = replace(pods[PodUid("other")], priority=10)
+    found = preempt(
+        ledger, memory(8), 10, View(pods=pods, budgets=[DB_BUDGET]), node_check=lambda _n, _v: None
+    )
+    assert isinstance(found, Preemption)
+    assert [ref.name for ref in found.victims] == ["big"]
+    assert [ref.name for ref in found.past_budgets] == ["big"]
+    assert found.budgets == (DB_BUDGET,)
+    assert found.cost.past_budgets == 1
+    kept = View(pods=pods, budgets=[DB_BUDGET], break_budgets=False)
+    refused = preempt(ledger, memory(8), 10, kept, node_check=lambda _n, _v: None)
+    assert refused == "the pods that would make room are protected by PodDisruptionBudget a/db"
 
 
 def test_a_gang_member_below_its_minimum_takes_its_whole_gang() -> None:

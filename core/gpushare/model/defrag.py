@@ -131,7 +131,7 @@ class _Planner:
             if allocation is not None and allocation.cards:
                 placed.append((replace(pod, priority=0), allocation.node, min(allocation.cards)))
         self._movable = Evictables.of(placed)
-        self._view = replace(movable, pods=self._movable, whole_gangs=False)
+        self._view = replace(movable, pods=self._movable, whole_gangs=False, break_budgets=False)
         self._policy = policy
         self._moved_check = moved_check
         self._done: list[tuple[str, Allocation]] = []  # ("add" | "release", allocation)

@@ -4,7 +4,9 @@ covers and how many of them may go now.
 An eviction through the Eviction API is refused (429) when it would take a budget's pods
 below what the budget keeps; the apiserver's disruption controller publishes how many may go
 as `status.disruptionsAllowed`. A set of evictions that takes more of a budget's pods than
-that would be refused part-way, so such a set is never chosen.
+that would be refused part-way: defragmentation never chooses such a set; preemption does
+only when no other set makes room (kube-scheduler's rule), and deletes the pods of the
+budgets it breaks instead of evicting them.
 """
 
 from __future__ import annotations
@@ -66,16 +68,28 @@ def budget_of(body: Body) -> Budget:
     )
 
 
-def breached(
-    budgets: Iterable[Budget], evicted: Iterable[tuple[str, Mapping[str, str]]]
-) -> Budget | None:
-    """The first budget that evicting all of `evicted` ((namespace, labels) per pod) would
-    breach; None when every budget allows it."""
+@dataclass(frozen=True, slots=True)
+class Breach:
+    """What taking a set of pods does to the budgets."""
+
+    over: int
+    """Disruptions beyond what the budgets allow, summed over the budgets breached."""
+    budgets: tuple[Budget, ...]
+    """The budgets breached, in the order given."""
+    pods: frozenset[int]
+    """The positions (in the set as given) of the pods that a breached budget covers."""
+
+
+def breach(budgets: Iterable[Budget], evicted: Iterable[tuple[str, Mapping[str, str]]]) -> Breach:
+    """What evicting all of `evicted` ((namespace, labels) per pod) would breach."""
     pods = list(evicted)
+    over = 0
+    breached: list[Budget] = []
+    covered: set[int] = set()
     for budget in budgets:
-        if (
-            sum(1 for namespace, labels in pods if budget.covers(namespace, labels))
-            > budget.allowed
-        ):
-            return budget
-    return None
+        mine = [i for i, (namespace, labels) in enumerate(pods) if budget.covers(namespace, labels)]
+        if len(mine) > budget.allowed:
+            over += len(mine) - budget.allowed
+            breached.append(budget)
+            covered.update(mine)
+    return Breach(over=over, budgets=tuple(breached), pods=frozenset(covered))

@@ -4,15 +4,19 @@ and where it then goes.
 A gpu-memory pod needs room on one card; a gpu-number pod needs whole cards of one node.
 Only pods of strictly lower priority are candidates, and of the sets of them that make
 room, the cheapest is chosen, in this order (`Cost`):
-1. the fewest pods evicted;
-2. the lowest priority among them (the highest one, as low as can be);
-3. the lowest sum of their priorities;
-4. the least work lost: the sum of how long they have run (the youngest go first).
+1. the fewest disruptions past PodDisruptionBudgets (`disruption.breach`), as kube-scheduler
+   orders its candidates first: a budget is honoured whenever some set makes room without
+   breaking one, and breaking one is a last resort (a tenant's budget cannot keep its pods
+   of low priority from every pod of higher priority);
+2. the fewest pods evicted;
+3. the lowest priority among them (the highest one, as low as can be);
+4. the lowest sum of their priorities;
+5. the least work lost: the sum of how long they have run (the youngest go first).
 Ties go to the node first by name, then the lowest card index.
 
 A set is eligible only if
-- every PodDisruptionBudget allows it (`disruption.breached`): the Eviction API would refuse
-  it part-way;
+- it breaks no PodDisruptionBudget, where the view says so (`View.break_budgets` False:
+  defragmentation, which moves pods only as their budgets allow);
 - a gang member's eviction that takes its gang below its `minMember` counts as the whole
   gang's (all its bound members are then in the set, each of lower priority, or the set is
   not eligible);
@@ -31,7 +35,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from gpushare.model.annotations import CardIndex
-from gpushare.model.disruption import Budget, breached
+from gpushare.model.disruption import Budget, breach
 from gpushare.model.inventory import NodeName
 from gpushare.model.placement import CardCheck, Placement
 from gpushare.model.request import GpuKind, PodRequest
@@ -132,10 +136,15 @@ class View:
     whole_gangs: bool = True
     """A set that takes a gang below its minimum takes the whole gang (preemption); False:
     such a set is not eligible (defragmentation never breaks a gang)."""
+    break_budgets: bool = True
+    """A set that breaks a PodDisruptionBudget is eligible, at its cost (preemption); False:
+    it is not (defragmentation)."""
 
 
 @dataclass(frozen=True, order=True, slots=True)
 class Cost:
+    past_budgets: int
+    """Disruptions beyond what the victims' PodDisruptionBudgets allow."""
     pods: int
     highest_priority: int
     priority_sum: int
@@ -148,6 +157,11 @@ class Preemption:
     """Where the pod goes once the victims are gone."""
     victims: tuple[PodRef, ...]
     cost: Cost
+    past_budgets: tuple[PodRef, ...] = ()
+    """The victims a breached PodDisruptionBudget covers: deleted, not evicted (the Eviction
+    API would refuse them), as kube-scheduler deletes its victims."""
+    budgets: tuple[Budget, ...] = ()
+    """The budgets breached."""
 
 
 def preempt(
@@ -182,8 +196,13 @@ def preempt(
 def cost_of(victims: Iterable[PodUid], view: View) -> Cost:
     """What evicting `victims` costs, by the order above."""
     pods = [view.pods[uid] for uid in victims]
+    return _cost(pods, view, breach(view.budgets, ((p.ref.namespace, p.labels) for p in pods)).over)
+
+
+def _cost(pods: Sequence[Evictable], view: View, past_budgets: int) -> Cost:
     priorities = [p.priority for p in pods]
     return Cost(
+        past_budgets=past_budgets,
         pods=len(pods),
         highest_priority=max(priorities, default=0),
         priority_sum=sum(priorities),
@@ -240,12 +259,18 @@ class _Search:
         return pod is not None and pod.priority < self._priority
 
     def _beaten(self, pods: int) -> bool:
-        """No set of `pods` or more pods can beat the best so far."""
-        return self.best is not None and pods > self.best.cost.pods
+        """No set of `pods` or more pods can beat the best so far (one that breaks no
+        budget: a larger set that breaks none beats one that does)."""
+        return self._settled() and self.best is not None and pods > self.best.cost.pods
+
+    def _settled(self) -> bool:
+        """The best so far breaks no budget: only fewer pods, or cheaper ones, beat it."""
+        return self.best is not None and self.best.cost.past_budgets == 0
 
     def single_victim(self, need: int) -> bool:
         """The cheapest one pod whose going makes room, trying the pods in rank order
-        (`Evictables`): the first that does is the answer; False when none does."""
+        (`Evictables`): the first that does and breaks no budget is the answer; False when
+        none does (the best that breaks one, if any, kept for the whole search to beat)."""
         pods = self._view.pods
         ranked = pods.ranked() if isinstance(pods, Evictables) else self._rank()
         for uid in ranked:
@@ -263,7 +288,7 @@ class _Search:
             for index in sorted(allocation.cards):
                 if self._room_without(node, index, uid, need):
                     self._consider(node, (index,), [uid], GpuKind.MEMORY, need)
-                    if self.best is not None:
+                    if self._settled():
                         return True
         return False
 
@@ -399,16 +424,21 @@ class _Search:
                 "below its minMember"
             )
             return
-        cost = cost_of(victims, self._view)
+        pods = [self._view.pods[uid] for uid in victims]
+        # What it costs with no budget broken is a lower bound: the budgets need not be read
+        # for a set that cannot beat the best so far.
+        if self._key is not None and (_cost(pods, self._view, 0), name, cards) >= self._key:
+            return
+        broken = breach(self._view.budgets, ((p.ref.namespace, p.labels) for p in pods))
+        if broken.budgets and not self._view.break_budgets:
+            self._reasons.setdefault(
+                "the pods that would make room are protected by PodDisruptionBudget "
+                f"{broken.budgets[0]}"
+            )
+            return
+        cost = _cost(pods, self._view, broken.over)
         key = (cost, name, cards)
         if self._key is not None and key >= self._key:
-            return
-        pods = [self._view.pods[uid] for uid in victims]
-        budget = breached(self._view.budgets, ((p.ref.namespace, p.labels) for p in pods))
-        if budget is not None:
-            self._reasons.setdefault(
-                f"the pods that would make room are protected by PodDisruptionBudget {budget}"
-            )
             return
         reason = self._node_check(name, victims)
         if reason is not None:
@@ -421,8 +451,10 @@ class _Search:
         self._key = key
         self.best = Preemption(
             placement=placement,
-            victims=tuple(sorted((p.ref for p in pods), key=lambda r: (r.namespace, r.name))),
+            victims=_in_order(p.ref for p in pods),
             cost=cost,
+            past_budgets=_in_order(pods[i].ref for i in broken.pods),
+            budgets=broken.budgets,
         )
 
     def _placement(
@@ -460,3 +492,7 @@ class _Search:
         if self._reasons:
             return "; ".join(self._reasons)
         return NO_ROOM
+
+
+def _in_order(refs: Iterable[PodRef]) -> tuple[PodRef, ...]:
+    return tuple(sorted(refs, key=lambda r: (r.namespace, r.name)))

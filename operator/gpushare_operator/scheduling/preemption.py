@@ -26,7 +26,7 @@ from gpushare_operator.scheduling.podinfo import Demand, PodInfo
 NOMINATION_TTL_S = 300.0
 """How long a nominated pod waits for its victims to go (their grace periods run meanwhile)
 before it chooses again among the pods that are not terminating."""
-NO_COST = Cost(pods=0, highest_priority=0, priority_sum=0, work_lost_s=0.0)
+NO_COST = Cost(past_budgets=0, pods=0, highest_priority=0, priority_sum=0, work_lost_s=0.0)
 WAIT_RETRY_S = 5.0
 """How often a nominated pod is tried again while its victims leave (each one's deletion
 wakes it too)."""
@@ -216,7 +216,17 @@ def victim_message(preemptor: PodRef, priority: int, room: Room, victim: PodRef)
     by its UID, as kube-scheduler names it: a tenant learns no other namespace's pod names."""
     who = str(preemptor) if preemptor.namespace == victim.namespace else f"pod {preemptor.uid}"
     placement = room.preemption.placement
-    return f"Preempted by {who} (priority {priority}) on {_where(placement.node, placement.cards)}"
+    message = (
+        f"Preempted by {who} (priority {priority}) on {_where(placement.node, placement.cards)}"
+    )
+    if victim not in room.preemption.past_budgets:
+        return message
+    # A budget covers only pods of its own namespace: the victim's, which its tenant may read.
+    budgets = ", ".join(str(b) for b in room.preemption.budgets if b.namespace == victim.namespace)
+    return (
+        f"{message}; deleted past PodDisruptionBudget {budgets}: no set of pods of lower "
+        "priority that the budgets allow made room"
+    )
 
 
 def preemptor_message(preemptor: PodRef, room: Room) -> str:
@@ -228,9 +238,11 @@ def preemptor_message(preemptor: PodRef, room: Room) -> str:
     if others:
         named += f"{', ' if own else ''}{others} pod(s) of other namespaces"
     placement = room.preemption.placement
+    past = len(room.preemption.past_budgets)
+    deleted = f"; {past} of them deleted past their PodDisruptionBudgets" if past else ""
     return (
         f"Evicting {len(room.preemption.victims)} pod(s) of lower priority from "
-        f"{_where(placement.node, placement.cards)} to make room: {named}"
+        f"{_where(placement.node, placement.cards)} to make room: {named}{deleted}"
     )
 
 

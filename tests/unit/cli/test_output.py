@@ -175,6 +175,29 @@ def test_explain_wide_shows_a_bound_pods_card(
     )
 
 
+def test_explain_says_whom_preemption_would_delete_past_their_budget(
+    apiserver: Apiserver, source: Source, capsys: pytest.CaptureFixture[str]
+) -> None:
+    low = converted(gpu_pod("low", 200, node="gpu-1", index="0", phase="Running"), 1)
+    low["metadata"]["labels"] = {"app": "db"}
+    urgent = converted(gpu_pod("urgent", 176), 90112)
+    urgent["spec"]["priority"] = 100
+    apiserver["/api/v1/nodes"] = listing(node("gpu-1"))
+    apiserver["/api/v1/pods"] = listing(low, urgent)
+    apiserver[GPUNODES] = listing(h200s("gpu-1", 1))
+    budget = {
+        "metadata": {"name": "keep-db", "namespace": "default"},
+        "spec": {"selector": {"matchLabels": {"app": "db"}}, "maxUnavailable": 0},
+        "status": {"disruptionsAllowed": 0},
+    }
+    apiserver["/apis/policy/v1/poddisruptionbudgets"] = listing(budget)
+    _, out = gpushare(capsys, source, "explain", "urgent")
+    assert "would evict, on gpu-1 card 0: default/low\n" in out
+    assert "would delete past PodDisruptionBudget default/keep-db: default/low\n" in out
+    _, shown = gpushare(capsys, source, "explain", "urgent", "-o", "json")
+    assert json.loads(shown)["preempts"]["pastBudgets"] == ["default/low"]
+
+
 def test_inspect_wide_shows_each_cards_uuid_model_health_and_pod_count(
     apiserver: Apiserver, source: Source, capsys: pytest.CaptureFixture[str]
 ) -> None:

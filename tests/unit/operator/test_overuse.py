@@ -161,7 +161,7 @@ class Budgeted(Api):
     async def evict(self, pod: PodRef) -> None:
         raise ApiError(429, "Cannot evict pod as it would violate the pod's disruption budget.")
 
-    async def delete_pod(self, pod: PodRef, *, grace_period_s: int) -> None:
+    async def delete_pod(self, pod: PodRef, *, grace_period_s: int | None) -> None:
         self.deleted.append(f"{pod.name} in {grace_period_s} s")
 
 

@@ -75,6 +75,16 @@ def pod(name: str, mib: int, *, high: bool = False, **labels: str) -> dict[str, 
     return body
 
 
+def keep(app: str) -> dict[str, Any]:
+    """A PodDisruptionBudget `keep-APP` that allows none of the pods of `app` to go."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": f"keep-{app}"},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": app}}},
+    }
+
+
 async def fill(core: client.CoreV1Api, pods: list[tuple[str, int, str]]) -> None:
     """Bind each (name, MiB, card) in turn, checking it landed on its card."""
     for name, mib, card in pods:
@@ -126,20 +136,44 @@ async def test_a_budget_that_forbids_the_cheaper_victim_makes_the_next_one_go(
     start_operator()
     await fill(core, [("a", 6000, "0"), ("b", 4000, "0"), ("f", 6000, "1"), ("g", 4000, "1")])
     # a would go first (card 0 before card 1 at equal cost); its budget forbids it.
-    budget = {
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": {"name": "keep-a"},
-        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "a"}}},
-    }
     await client.PolicyV1Api(api).create_namespaced_pod_disruption_budget(
-        "default", cast(client.V1PodDisruptionBudget, budget)
+        "default", cast(client.V1PodDisruptionBudget, keep("a"))
     )
 
     await create_pod(core, pod("h", 6000, high=True))
     assert gpu_index(await bound(core, "h")) == "1"
     await gone(core, "f")
     assert not (await read_pod(core, "a"))["metadata"].get("deletionTimestamp")
+
+
+async def test_a_budget_that_protects_the_only_victim_is_broken_and_the_victim_deleted(
+    api: client.ApiClient, cluster: client.CoreV1Api, start_operator: Start
+) -> None:
+    """As kube-scheduler: a tenant's PodDisruptionBudget cannot keep its pods of low priority
+    from every pod of higher priority. The budget's pod is deleted (the Eviction API would
+    refuse it) with its own grace period, and its Event says which budget was broken."""
+    core = cluster
+    start_operator()
+    await fill(core, [("a", 6000, "0"), ("b", 4000, "0")])
+    await create_pod(core, pod("f", 10000, high=True, app="f"))  # card 1: no one may evict it
+    assert gpu_index(await bound(core, "f")) == "1"
+    await client.PolicyV1Api(api).create_namespaced_pod_disruption_budget(
+        "default", cast(client.V1PodDisruptionBudget, keep("a"))
+    )
+
+    await create_pod(core, pod("h", 6000, high=True))
+    assert gpu_index(await bound(core, "h")) == "0"
+    await gone(core, "a")
+    (preempted,) = await messages(core, "a", "Preempted")
+    assert preempted == (
+        "Preempted by default/h (priority 1000) on node n card 0; deleted past "
+        "PodDisruptionBudget default/keep-a: no set of pods of lower priority that the budgets "
+        "allow made room"
+    )
+    (preempting,) = await messages(core, "h", "Preempting")
+    assert preempting.endswith("to make room: a; 1 of them deleted past their PodDisruptionBudgets")
+    for name in ("b", "f"):
+        assert not (await read_pod(core, name))["metadata"].get("deletionTimestamp"), name
 
 
 async def test_a_pod_that_never_preempts_or_has_no_one_below_it_waits(
@@ -191,6 +225,7 @@ async def test_simulate_shows_whom_a_pod_of_higher_priority_would_evict(
         "node": "n",
         "cards": [1],
         "victims": ["default/c"],
+        "pastBudgets": [],
     }
     for name in ("a", "a2", "b", "c"):  # nothing was written
         assert not (await read_pod(core, name))["metadata"].get("deletionTimestamp"), name
@@ -233,17 +268,11 @@ async def test_a_gang_that_cannot_make_room_for_every_member_evicts_no_one(
 ) -> None:
     core = cluster
     start_operator()
-    await fill(core, [("a", 6000, "0"), ("b", 4000, "0"), ("f", 10000, "1")])
-    # f may not be evicted: room for one member only, so the gang takes none.
-    budget = {
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": {"name": "keep-f"},
-        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "f"}}},
-    }
-    await client.PolicyV1Api(api).create_namespaced_pod_disruption_budget(
-        "default", cast(client.V1PodDisruptionBudget, budget)
-    )
+    await fill(core, [("a", 6000, "0"), ("b", 4000, "0")])
+    # f, of the gang's priority, may not be evicted: room for one member only, so the gang
+    # takes none.
+    await create_pod(core, pod("f", 10000, high=True, app="f"))
+    assert gpu_index(await bound(core, "f")) == "1"
     await gang(api, core, 2, 6000)
 
     async def refused() -> str | None:
@@ -251,9 +280,7 @@ async def test_a_gang_that_cannot_make_room_for_every_member_evicts_no_one(
         return message if "no preemption:" in message and "together now" in message else None
 
     message = await eventually(refused, what="the gang's refusal to preempt")
-    assert "the pods that would make room are protected by PodDisruptionBudget default/keep-f" in (
-        message
-    )
+    assert "no card would take it with pods of lower priority gone" in message
     for name in ("a", "b", "f"):
         assert not (await read_pod(core, name))["metadata"].get("deletionTimestamp"), name
 
