@@ -369,6 +369,10 @@ class Scheduler:
             # The Binding writes every placement annotation, so values a user forged on the
             # pending pod never stand: gpu-index is ours, and gpu-assigned starts "false".
             annotations[contract.GPU_ASSIGNED] = contract.GPU_ASSIGNED_FALSE
+            if decision.pod.group is not None or decision.pod.carries_gang_min:
+                spec = self.gangs.spec(decision.pod.group) if decision.pod.group else None
+                gang_min = spec.min_member if isinstance(spec, GroupSpec) else 1
+                annotations[contract.GANG_MIN_MEMBER] = str(gang_min)
         # A GPU pod made before gpushare labelled them comes under the placement policy
         # with the write that places it (Kubernetes 1.35 on; before, the labeller's write
         # follows).

@@ -88,6 +88,11 @@ LIVE_CONFIG_NAME: Final = "default"
 EFFECTIVE_CONFIG: Final = "gpushare.io/effective-config"
 """Annotation the leading operator keeps on its Lease: the configuration it decides with (its
 environment and the live GPUShareConfig, as a GPUShareConfig spec in JSON), for the CLI."""
+GANG_MIN_MEMBER: Final = "gpushare.io/gang-min-member"
+"""On a Binding (and so on the pod it binds) of a pod that names a PodGroup: the gang's
+`minMember` then (1 where no PodGroup of that name made it a gang). Preemption holds a gang to
+what its members were bound under, not to a `minMember` its tenant raised afterwards, which
+would tie pods bound one by one, or a smaller gang, into one that costs more to preempt."""
 LEADER_TERM: Final = "gpushare.io/leader-term"
 """On a Binding (and so on the pod it binds) and on an eviction: the Lease term it was sent in,
 `<lease namespace>/<lease name>/<holder>/<leaseTransitions>`, for people and logs; the

@@ -74,6 +74,12 @@ class PodInfo:
     unlabelled: bool = False
     """A GPU pod without `contract.GPU_POD_LABEL` (made before gpushare labelled them): its
     Binding adds it, or the labeller does (`gpushare_operator.labeller`)."""
+    bound_gang_min: int | None = None
+    """`contract.GANG_MIN_MEMBER`: its gang's minMember when it was bound; None without one
+    (or with one that is no positive number)."""
+    carries_gang_min: bool = False
+    """It has `contract.GANG_MIN_MEMBER` at all: on a pending pod, a value its Binding must
+    overwrite."""
 
     @property
     def uid(self) -> PodUid:
@@ -161,9 +167,15 @@ class PodInfo:
             ),
             preempts=spec.get("preemptionPolicy") != "Never",
             unlabelled=lacks_gpu_pod_label(raw),  # the slim copy has no mirror annotation
+            bound_gang_min=_positive(annotations_of(raw).get(contract.GANG_MIN_MEMBER)),
+            carries_gang_min=contract.GANG_MIN_MEMBER in annotations_of(raw),
         )
 
     @classmethod
     def gone(cls, uid: PodUid) -> PodInfo:
         """A pod known only by its uid: one that a LIST no longer shows."""
         return cls.parse({"metadata": {"uid": uid}})
+
+
+def _positive(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isdigit() and int(value) > 0 else None

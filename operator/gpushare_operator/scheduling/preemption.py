@@ -43,18 +43,22 @@ class Room:
 
 def gang_holds(cache: SchedulerCache, book: GangBook) -> dict[Hashable, GangHold]:
     """Each gang's bound members (not terminating) and how many may go before it is below
-    its `minMember`."""
+    its `minMember`: the PodGroup's, but never more than the most its members were bound
+    under (`contract.GANG_MIN_MEMBER`; a gang none of whose members has that record, bound
+    before gpushare wrote it, is held to the PodGroup's)."""
     holds: dict[Hashable, GangHold] = {}
     for spec in book.specs():
         if not spec.is_gang:
             continue
-        bound = frozenset(
-            pod.uid
-            for pod in book.members(spec.key)
-            if cache.holds(pod.uid) and not pod.terminating
-        )
+        bound = [
+            pod for pod in book.members(spec.key) if cache.holds(pod.uid) and not pod.terminating
+        ]
+        recorded = [pod.bound_gang_min for pod in bound if pod.bound_gang_min is not None]
+        least = min(spec.min_member, max(recorded)) if recorded else spec.min_member
         if bound:
-            holds[spec.key] = GangHold(members=bound, spare=max(0, len(bound) - spec.min_member))
+            holds[spec.key] = GangHold(
+                members=frozenset(pod.uid for pod in bound), spare=max(0, len(bound) - least)
+            )
     return holds
 
 

@@ -263,6 +263,60 @@ async def test_a_gang_preempts_for_all_its_members_together(
         assert not (await read_pod(core, name))["metadata"].get("deletionTimestamp"), name
 
 
+async def test_a_gang_is_preempted_as_it_was_bound_not_as_its_minmember_was_raised_after(
+    api: client.ApiClient, cluster: client.CoreV1Api, start_operator: Start
+) -> None:
+    """A tenant who raises its PodGroup's minMember once its pods are bound would make any
+    one of them cost the whole gang, so that preemption took another tenant's pod instead:
+    the operator holds the gang to the minMember its members were bound under."""
+    core = cluster
+    start_operator()
+    await client.SchedulingV1Api(api).create_priority_class(
+        client.V1PriorityClass(metadata=client.V1ObjectMeta(name="middle"), value=10)
+    )
+    other = pod("x", 5000)
+    other["spec"]["priorityClassName"] = "middle"  # above the gang: its members go first
+    other["metadata"]["annotations"] = {contract.GANG_MIN_MEMBER: "99"}  # forged: overwritten
+    await create_pod(core, other)
+    placed = await bound(core, "x")
+    assert gpu_index(placed) == "0"
+    assert placed["metadata"]["annotations"][contract.GANG_MIN_MEMBER] == "1"
+    objects = client.CustomObjectsApi(api)
+    group = GroupApi.VOLCANO
+    body = {
+        "apiVersion": f"{group.group}/{group.version}",
+        "kind": "PodGroup",
+        "metadata": {"name": "job", "namespace": "default"},
+        "spec": {"minMember": 2},
+    }
+    await objects.create_namespaced_custom_object(
+        group.group, group.version, "default", PLURAL, body
+    )
+    for index in range(3):
+        member = pod(f"m{index}", 5000)
+        member["metadata"]["annotations"] = {VOLCANO_GROUP_ANNOTATIONS[0]: "job"}
+        await create_pod(core, member)
+    for index in range(3):
+        annotations = (await bound(core, f"m{index}"))["metadata"]["annotations"]
+        assert annotations[contract.GANG_MIN_MEMBER] == "2"
+    await objects.patch_namespaced_custom_object(
+        group.group,
+        group.version,
+        "default",
+        PLURAL,
+        "job",
+        {"spec": {"minMember": 3}},
+        _content_type="application/merge-patch+json",  # type: ignore[call-arg]
+    )
+    await asyncio.sleep(1)  # the operator's watch sees the raise
+
+    await create_pod(core, pod("h", 5000, high=True))
+    await bound(core, "h")
+    (preempting,) = await messages(core, "h", "Preempting")
+    assert preempting.startswith("Evicting 1 pod(s) of lower priority"), preempting
+    assert not (await read_pod(core, "x"))["metadata"].get("deletionTimestamp")
+
+
 async def test_a_gang_that_cannot_make_room_for_every_member_evicts_no_one(
     api: client.ApiClient, cluster: client.CoreV1Api, start_operator: Start
 ) -> None:
