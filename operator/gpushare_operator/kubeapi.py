@@ -40,6 +40,7 @@ FENCE_PROBE = "gpushare-fence-probe"
 NO_LABELS: Mapping[str, str] = MappingProxyType({})
 """What a Binding adds to a pod's labels by default (the fence's term labels aside)."""
 EVICTION = "/eviction"
+POD_PATH = "/pods/"
 """The path of the writes only the leader may send besides Bindings
 (`KubeSchedulerApi.fence_leader_writes`)."""
 
@@ -240,7 +241,8 @@ class KubeSchedulerApi:
         overfilled a card. A fenced request is refused before a byte is written. A Binding is
         asked as it is handed to its HTTP/2 connection with a stream free for it
         (`Http2Writer`: a TLS handshake lies between only when the connection is new); an
-        eviction once its aiohttp connection is had (on Python 3.11 one turn of the event
+        eviction, and a pod's deletion (which can carry no stamp: preemption past a budget,
+        an over-user), once its aiohttp connection is had (on Python 3.11 one turn of the event
         loop still lies between: aiohttp writes the body from a task of its own, started at
         once from 3.12 on), its connection closed. `refused` (`LeaseElector.on_term_refused`)
         is told when the apiserver refuses one for its term."""
@@ -254,8 +256,9 @@ class KubeSchedulerApi:
             _context: object,
             params: aiohttp.TraceRequestHeadersSentParams,
         ) -> None:
-            if params.url.path.endswith(EVICTION):
-                check(f"{params.method} {params.url.path}")
+            path = params.url.path
+            if path.endswith(EVICTION) or (params.method == "DELETE" and POD_PATH in path):
+                check(f"{params.method} {path}")
 
         trace = aiohttp.TraceConfig()
         trace.on_request_headers_sent.append(headers_ready)

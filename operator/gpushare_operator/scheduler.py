@@ -261,15 +261,20 @@ class Scheduler:
         preemption breaks (`delete`), delete it with its own grace period, as kube-scheduler
         deletes its victims. A refusal (a budget that changed meanwhile, say) ends the
         nomination: the preemptor chooses again."""
-        try:
+
+        async def once() -> None:
+            # Asked before every attempt: a retry may come after this replica stopped leading.
             self._fence.check(f"{'delete' if delete else 'evict'} {victim}")
             if delete:
-                await retry(lambda: self._api.delete_pod(victim, grace_period_s=None), WRITE)
+                await self._api.delete_pod(victim, grace_period_s=None)
             else:
-                await retry(lambda: self._api.evict(victim), WRITE)
+                await self._api.evict(victim)
+
+        try:
+            await retry(once, WRITE)
         except (ApiError, OSError, TimeoutError, Fenced) as error:
-            if isinstance(error, ApiError) and error.status == 404:
-                return  # gone already: room made all the same
+            if isinstance(error, ApiError) and error.status in (404, 409):
+                return  # gone already (409: its name now another pod's): room made all the same
             self._log.warning(
                 "preemption_eviction_refused",
                 pod=str(preemptor),

@@ -167,7 +167,7 @@ async def test_the_scheduled_event_reads_as_kubectl_shows_it(
         assert (again["message"], again["count"]) == ("again", 2)
 
 
-async def test_a_binding_or_eviction_refused_by_the_fence_as_it_goes_out_is_never_sent(
+async def test_a_binding_eviction_or_deletion_refused_by_the_fence_as_it_goes_out_is_never_sent(
     api_client: client.ApiClient, core: client.CoreV1Api, namespace: str
 ) -> None:
     # The writers ask the fence before they call; this is the last ask, once the request has
@@ -189,6 +189,8 @@ async def test_a_binding_or_eviction_refused_by_the_fence_as_it_goes_out_is_neve
             await api.bind(pod, "n", {contract.GPU_INDEX: "0"})
         with pytest.raises(Fenced, match="eviction not sent"):
             await api.evict(pod)
+        with pytest.raises(Fenced, match="pods/gpu-pod5 not sent"):  # no stamp for the apiserver
+            await api.delete_pod(pod, grace_period_s=None)
         assert "nodeName" not in (await raw_pod(core, "gpu-pod5", namespace))["spec"]
         await api.post_event(pod, event_type="Normal", reason="Test", message="other writes go on")
 

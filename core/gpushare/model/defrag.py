@@ -185,26 +185,12 @@ class _Planner:
         free_before = self._free_mib(found.placement)
         moved = frozenset(ref.uid for ref in found.victims)
         moves = self._moves(pod, found.placement, moved)
-        # The budgets count every move of the plan: what one pod's moves use up, the next's
-        # may not take again.
-        pods = [self._view.pods[uid] for uid in moved]
-        budgets = tuple(
-            replace(
-                budget,
-                allowed=budget.allowed
-                - sum(1 for p in pods if budget.covers(p.ref.namespace, p.labels)),
-            )
-            for budget in self._view.budgets
-        )
-        # So do the gangs' spares: two rooms of one plan may not each take a gang's last spare.
-        gangs = {
-            key: replace(hold, spare=hold.spare - len(hold.members & moved))
-            for key, hold in self._view.gangs.items()
-        }
+        # The budgets and the gangs' spares count every move of the plan: what one pod's moves
+        # use up, the next's may not take again.
+        self._view = self._view.without(moved)
         # Moved pods are replaced by new ones: not movable again in this plan.
         for uid in moved:
             self._movable.discard(uid)
-        self._view = replace(self._view, budgets=budgets, gangs=gangs)
         self.rooms.append(
             Room(
                 pod=pod.ref,

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import combinations
 
 from gpushare.model.annotations import CardIndex
@@ -139,6 +139,32 @@ class View:
     break_budgets: bool = True
     """A set that breaks a PodDisruptionBudget is eligible, at its cost (preemption); False:
     it is not (defragmentation)."""
+
+    def without(self, gone: frozenset[PodUid]) -> View:
+        """The view once `gone` have left, for the next choice of one plan (a gang's next
+        member, defragmentation's next pod): each budget allows as many fewer of its pods to
+        go (never fewer than none: taking more is past it), and each gang holds them no more,
+        its spare used by as many."""
+        pods = [self.pods[uid] for uid in gone if uid in self.pods]
+        budgets = tuple(
+            replace(
+                budget,
+                allowed=max(
+                    0,
+                    budget.allowed
+                    - sum(1 for p in pods if budget.covers(p.ref.namespace, p.labels)),
+                ),
+            )
+            for budget in self.budgets
+        )
+        gangs = {
+            key: GangHold(
+                members=hold.members - gone, spare=max(0, hold.spare - len(hold.members & gone))
+            )
+            for key, hold in self.gangs.items()
+            if hold.members - gone
+        }
+        return replace(self, budgets=budgets, gangs=gangs)
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -342,10 +368,37 @@ class _Search:
         room = usage.card.memory - kept
         if room < need:
             return
-        deficit = need - (room - sum(amount for amount, _ in shared))
+        unheld = room - sum(amount for amount, _ in shared)
+        cut_short = len(shared) >= MAX_SETS.bit_length()  # more than MAX_SETS subsets
+        if cut_short and self._view.break_budgets and self._view.budgets:
+            # Try first without the pods that a budget allows none of to go, so that a set
+            # every budget allows is not missed for sets that break one (`Cost.past_budgets`
+            # comes first).
+            unprotected = [(amount, uid) for amount, uid in shared if not self._unbudgeable(uid)]
+            if len(unprotected) < len(shared):
+                self._card_sets(node, index, need, whole=whole, shared=unprotected, free=unheld)
+                if self._settled():
+                    return
+        self._card_sets(node, index, need, whole=whole, shared=shared, free=unheld)
+
+    def _card_sets(
+        self,
+        node: NodeUsage,
+        index: CardIndex,
+        need: int,
+        *,
+        whole: list[PodUid],
+        shared: list[tuple[int, PodUid]],
+        free: int,
+    ) -> None:
+        """The sets of `shared` (largest first) that make `need` on a card with `free` once
+        `whole` is gone, fewest pods first, up to `MAX_SETS`."""
+        deficit = need - free
         least = 0
         while deficit > sum(amount for amount, _ in shared[:least]):
             least += 1
+            if least > len(shared):
+                return
         sets = (
             subset
             for size in range(least, len(shared) + 1)
@@ -357,6 +410,14 @@ class _Search:
             if sum(amount for amount, _ in subset) >= deficit:
                 chosen = [*whole, *(uid for _, uid in subset)]
                 self._consider(node, (index,), chosen, GpuKind.MEMORY, need)
+
+    def _unbudgeable(self, uid: PodUid) -> bool:
+        """A budget that covers the pod allows none of its pods to go."""
+        pod = self._view.pods[uid]
+        return any(
+            budget.allowed <= 0 and budget.covers(pod.ref.namespace, pod.labels)
+            for budget in self._view.budgets
+        )
 
     def _holders(
         self, pods: Iterable[PodUid]

@@ -16,7 +16,14 @@ from dataclasses import dataclass
 from gpushare.model import CardIndex, NodeName, PodRef, PodUid, format_card_indices
 from gpushare.model.gangs import GroupSpec
 from gpushare.model.placement import Policy, unit_check
-from gpushare.model.preemption import Cost, GangHold, NodeCheckWithout, Preemption, preempt
+from gpushare.model.preemption import (
+    Cost,
+    GangHold,
+    NodeCheckWithout,
+    Preemption,
+    View,
+    preempt,
+)
 from gpushare.model.usage import Allocation
 from gpushare_operator.scheduling.cache import Nomination, SchedulerCache
 from gpushare_operator.scheduling.decision import Plan, Refusal, plan
@@ -87,21 +94,21 @@ def make_room(
         return refusal
     if not pod.preempts:
         return _extended(refusal, "its preemptionPolicy is Never")
-    found = _cheapest(cache, book, pod, demand, priority)
+    found = _cheapest(cache, cache.preemption_view(gang_holds(cache, book)), pod, demand, priority)
     if isinstance(found, str):
         return _extended(refusal, found)
     return _room(refusal, found)
 
 
 def _cheapest(
-    cache: SchedulerCache, book: GangBook, pod: PodInfo, demand: Demand, priority: int
+    cache: SchedulerCache, view: View, pod: PodInfo, demand: Demand, priority: int
 ) -> Preemption | str:
-    """The model's choice of victims for `pod`, on the cache as it is now."""
+    """The model's choice of victims for `pod`, on the cache's ledger as it is now."""
     return preempt(
         cache.ledger,
         demand.request,
         priority,
-        cache.preemption_view(gang_holds(cache, book)),
+        view,
         node_check=node_check_for(cache, demand),
         card_check=cache.card_check(demand.request, pod.ref.namespace),
     )
@@ -168,8 +175,10 @@ def _gang_rooms(
     policy: Policy,
 ) -> tuple[list[tuple[PodInfo, Room]] | None, str]:
     """Members one by one, each placed where it fits or where preemption makes room, on the
-    ledger as the ones before leave it (their victims gone, their places taken); the ledger
-    is put back before returning."""
+    ledger as the ones before leave it (their victims gone, their places taken), the budgets
+    and gangs as their victims leave them (so that the members' victims together are what
+    the budgets are weighed against); the ledger is put back before returning."""
+    view = cache.preemption_view(gang_holds(cache, book))
     released: list[Allocation] = []
     reserved: list[PodUid] = []
     found: list[tuple[PodInfo, Room]] = []
@@ -182,11 +191,12 @@ def _gang_rooms(
             if not isinstance(demand, Demand) or demand.request.kind is None:
                 continue
             preemption = _fits(cache, pod, demand, policy) or _cheapest(
-                cache, book, pod, demand, priority
+                cache, view, pod, demand, priority
             )
             if isinstance(preemption, str):
                 why = preemption
                 continue
+            view = view.without(frozenset(ref.uid for ref in preemption.victims))
             for ref in preemption.victims:
                 if (allocation := cache.ledger.release(ref.uid)) is not None:
                     released.append(allocation)
