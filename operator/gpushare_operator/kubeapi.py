@@ -41,6 +41,8 @@ NO_LABELS: Mapping[str, str] = MappingProxyType({})
 """What a Binding adds to a pod's labels by default (the fence's term labels aside)."""
 EVICTION = "/eviction"
 POD_PATH = "/pods/"
+DISRUPTION_TARGET = "DisruptionTarget"
+PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"  # kube-scheduler's reason
 """The path of the writes only the leader may send besides Bindings
 (`KubeSchedulerApi.fence_leader_writes`)."""
 
@@ -64,6 +66,13 @@ class SchedulerApi(Protocol):
 
     async def label_gpu_pod(self, pod: PodRef) -> None:
         """Add `contract.GPU_POD_LABEL` to a GPU pod that lacks it."""
+        ...
+
+    async def mark_preempted(self, pod: PodRef, message: str) -> None:
+        """Give a victim the condition `DisruptionTarget` (reason `PreemptionByScheduler`), as
+        kube-scheduler does before it deletes one (the Eviction API adds it on its own), so
+        that a Job's `podFailurePolicy` sees a disruption, not a failure; only if it is still
+        the pod `pod.uid` names."""
         ...
 
     async def read_pod(self, pod: PodRef) -> dict[str, Any] | None:
@@ -317,6 +326,26 @@ class KubeSchedulerApi:
         # Through pods/status, the one patch of a pod the operator's role allows; the UID
         # precondition leaves a namesake alone.
         body = {"metadata": {"uid": pod.uid, "labels": dict(contract.GPU_POD_LABELS)}}
+        await raw_json(
+            self._core.patch_namespaced_pod_status(
+                pod.name,
+                pod.namespace,
+                body,
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
+        )
+
+    async def mark_preempted(self, pod: PodRef, message: str) -> None:
+        condition = {
+            "type": DISRUPTION_TARGET,
+            "status": "True",
+            "reason": PREEMPTION_BY_SCHEDULER,
+            "message": message,
+            "lastTransitionTime": rfc3339(),
+        }
+        # Strategic merge: conditions merge by type. The UID leaves a namesake alone.
+        body = {"metadata": {"uid": pod.uid}, "status": {"conditions": [condition]}}
         await raw_json(
             self._core.patch_namespaced_pod_status(
                 pod.name,

@@ -61,6 +61,9 @@ from gpushare_operator.scheduling.queue import CardFreeing, GangCheck, Schedulin
 
 PREEMPTING = "Preempting"
 PREEMPTED = "Preempted"  # kube-scheduler's reason on a victim
+PREEMPTED_CONDITION = "gpushare: preempting to accommodate a higher priority pod"
+"""The DisruptionTarget condition's message on a victim deleted past its budget (kube-scheduler
+writes its scheduler name where this says gpushare)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +269,7 @@ class Scheduler:
             # Asked before every attempt: a retry may come after this replica stopped leading.
             self._fence.check(f"{'delete' if delete else 'evict'} {victim}")
             if delete:
+                await self._api.mark_preempted(victim, PREEMPTED_CONDITION)
                 await self._api.delete_pod(victim, grace_period_s=None)
             else:
                 await self._api.evict(victim)

@@ -150,11 +150,16 @@ async def test_a_budget_that_protects_the_only_victim_is_broken_and_the_victim_d
     api: client.ApiClient, cluster: client.CoreV1Api, start_operator: Start
 ) -> None:
     """As kube-scheduler: a tenant's PodDisruptionBudget cannot keep its pods of low priority
-    from every pod of higher priority. The budget's pod is deleted (the Eviction API would
-    refuse it) with its own grace period, and its Event says which budget was broken."""
+    from every pod of higher priority. The budget's pod is marked DisruptionTarget and deleted
+    (the Eviction API would refuse it) with its own grace period, and its Event says which
+    budget was broken."""
     core = cluster
     start_operator()
-    await fill(core, [("a", 6000, "0"), ("b", 4000, "0")])
+    victim = pod("a", 6000, app="a")
+    victim["spec"]["terminationGracePeriodSeconds"] = 600  # no kubelet here: it stays Terminating
+    await create_pod(core, victim)
+    assert gpu_index(await bound(core, "a")) == "0"
+    await fill(core, [("b", 4000, "0")])
     await create_pod(core, pod("f", 10000, high=True, app="f"))  # card 1: no one may evict it
     assert gpu_index(await bound(core, "f")) == "1"
     await client.PolicyV1Api(api).create_namespaced_pod_disruption_budget(
@@ -162,8 +167,15 @@ async def test_a_budget_that_protects_the_only_victim_is_broken_and_the_victim_d
     )
 
     await create_pod(core, pod("h", 6000, high=True))
-    assert gpu_index(await bound(core, "h")) == "0"
-    await gone(core, "a")
+
+    async def terminating() -> dict[str, Any] | None:
+        body = await read_pod(core, "a")
+        return body if body["metadata"].get("deletionTimestamp") else None
+
+    deleted = await eventually(terminating, what="a deleted")
+    assert deleted["metadata"]["deletionGracePeriodSeconds"] == 600  # its own grace period
+    (condition,) = (c for c in deleted["status"]["conditions"] if c["type"] == "DisruptionTarget")
+    assert (condition["status"], condition["reason"]) == ("True", "PreemptionByScheduler")
     (preempted,) = await messages(core, "a", "Preempted")
     assert preempted == (
         "Preempted by default/h (priority 1000) on node n card 0; deleted past "
@@ -172,6 +184,9 @@ async def test_a_budget_that_protects_the_only_victim_is_broken_and_the_victim_d
     )
     (preempting,) = await messages(core, "h", "Preempting")
     assert preempting.endswith("to make room: a; 1 of them deleted past their PodDisruptionBudgets")
+    # What its kubelet would do once the container stopped; then h takes the card.
+    await core.delete_namespaced_pod("a", "default", grace_period_seconds=0)
+    assert gpu_index(await bound(core, "h")) == "0"
     for name in ("b", "f"):
         assert not (await read_pod(core, name))["metadata"].get("deletionTimestamp"), name
 
