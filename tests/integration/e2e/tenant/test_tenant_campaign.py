@@ -40,6 +40,7 @@ PLACEMENT_KEYS = (
     contract.GPU_ASSIGNED,
     contract.MEMORY_UNIT_MIB,
     contract.GPU_MEMORY_MIB,
+    contract.GANG_MIN_MEMBER,  # what preemption holds a gang to
     "gpushare.io/anything",
     *VOLCANO_GROUP_ANNOTATIONS,  # a gang joined after creation
 )
