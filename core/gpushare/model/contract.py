@@ -36,9 +36,6 @@ ENV_GPU_MEMORY_TOTAL: Final = "VOLCANO_GPU_MEMORY_TOTAL"
 
 # The frameworks' own limits, given with a share of a card (gpushare's, not Volcano's).
 ENV_PYTORCH_ALLOC_CONF: Final = "PYTORCH_CUDA_ALLOC_CONF"
-ENV_PYTORCH_ALLOC_CONF_ANY_DEVICE: Final = "PYTORCH_ALLOC_CONF"
-"""PyTorch's newer name for its allocator's settings: where it is set, PyTorch reads it and
-not `ENV_PYTORCH_ALLOC_CONF`."""
 ENV_JAX_MEM_FRACTION: Final = "XLA_PYTHON_CLIENT_MEM_FRACTION"
 ENV_TF_ALLOW_GROWTH: Final = "TF_FORCE_GPU_ALLOW_GROWTH"
 ENV_MPS_MEM_LIMIT: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"

@@ -33,10 +33,8 @@ but a process may still set its own (a shell, `envFrom`); measurement is the bac
 
 A pod's own value wins: the kubelet puts a container's own env after what a device plugin
 returns, so a variable the container sets is not given, and the plugin reports it
-(`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` the gpushare-gpu-env policy refuses in `env`). So does one
-that makes the framework ignore ours: PyTorch reads `PYTORCH_ALLOC_CONF`, its newer name,
-instead of `PYTORCH_CUDA_ALLOC_CONF` where both are set. Whole-card containers get none (the
-card is theirs).
+(`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` the gpushare-gpu-env policy refuses in `env`). Whole-card
+containers get none (the card is theirs).
 """
 
 from __future__ import annotations
@@ -58,15 +56,6 @@ class Framework(StrEnum):
 
 DEFAULT_FRAMEWORKS: frozenset[Framework] = frozenset({Framework.JAX, Framework.TENSORFLOW})
 """Given unless the node or the pod says otherwise: PyTorch only where asked (above)."""
-
-_OWN_INSTEAD: Mapping[str, tuple[str, ...]] = {
-    contract.ENV_PYTORCH_ALLOC_CONF: (
-        contract.ENV_PYTORCH_ALLOC_CONF,
-        contract.ENV_PYTORCH_ALLOC_CONF_ANY_DEVICE,
-    ),
-}
-"""For a variable given, those a container may set itself that the framework reads instead
-(the variable itself, where not listed)."""
 
 
 _NONE = ("off", "none")
@@ -155,14 +144,9 @@ def framework_limits(
     }
     if settings.mps:
         given[contract.ENV_MPS_MEM_LIMIT] = f"0={allocated_mib}M"
-    kept: list[str] = []
-    env: dict[str, str] = {}
-    for name, value in given.items():
-        instead = [other for other in _OWN_INSTEAD.get(name, (name,)) if other in own]
-        kept += instead
-        if not instead:
-            env[name] = value
-    return Limits(env=env, kept=tuple(kept), note=note)
+    kept = tuple(name for name in given if name in own)
+    env = {name: value for name, value in given.items() if name not in own}
+    return Limits(env=env, kept=kept, note=note)
 
 
 def pod_frameworks(annotations: Mapping[str, str]) -> frozenset[Framework] | None:

@@ -89,16 +89,6 @@ def test_a_variable_the_container_sets_itself_is_its_own_and_reported() -> None:
     assert given.kept == (contract.ENV_PYTORCH_ALLOC_CONF,)
 
 
-def test_pytorchs_newer_variable_set_by_the_container_keeps_its_own_and_is_reported() -> None:
-    # PyTorch reads PYTORCH_ALLOC_CONF instead of PYTORCH_CUDA_ALLOC_CONF: ours would be
-    # ignored without a word.
-    own = frozenset({contract.ENV_PYTORCH_ALLOC_CONF_ANY_DEVICE})
-    given = framework_limits(2048, H200_MIB, EVERY, own=own)
-    assert contract.ENV_PYTORCH_ALLOC_CONF not in given.env
-    assert contract.ENV_JAX_MEM_FRACTION in given.env
-    assert given.kept == (contract.ENV_PYTORCH_ALLOC_CONF_ANY_DEVICE,)
-
-
 def inventory() -> object:
     spec = gpunode_resource("n", [11178, 11178])["spec"]
     found = inventory_from_spec(NodeName("n"), spec)
