@@ -119,6 +119,9 @@ class Admitted:
     """`contract.GPU_POD_LABEL`, unless the pod carries it already."""
     scheduler_name: str | None = None
     """The scheduler name to set, when it changes."""
+    dropped: tuple[str, ...] = ()
+    """Annotations to remove: records only gpushare's Binding writes (`contract.GANG_MIN_MEMBER`),
+    forged at creation (or copied with the yaml of a pod bound before)."""
 
     def apply(self, pod: dict[str, Any]) -> None:
         """Make the changes on `pod` (a mutable manifest) in place."""
@@ -137,6 +140,10 @@ class Admitted:
             if added:
                 metadata = _child(pod, "metadata")
                 metadata[field] = {**(metadata.get(field) or {}), **added}
+        if self.dropped:
+            annotations = _child(_child(pod, "metadata"), "annotations")
+            for key in self.dropped:
+                annotations.pop(key, None)
 
 
 def _child(parent: dict[str, Any], key: str) -> dict[str, Any]:
@@ -147,6 +154,7 @@ def _child(parent: dict[str, Any], key: str) -> dict[str, Any]:
 
 
 NOTHING = Admitted(units={}, annotations={}, labels={})
+_BINDING_RECORDS = (contract.GANG_MIN_MEMBER,)
 
 
 def admit(pod: Body, settings: AdmissionSettings) -> Admitted:
@@ -161,15 +169,20 @@ def admit(pod: Body, settings: AdmissionSettings) -> Admitted:
     _check_frameworks(pod, who)
     scheduler_name = _scheduler_name(pod, request.kind, settings, who)
     labels = _gpu_pod_label(pod)
+    dropped = tuple(key for key in _BINDING_RECORDS if key in annotations_of(pod))
     if request.kind is GpuKind.NUMBER:
-        return Admitted(units={}, annotations={}, labels=labels, scheduler_name=scheduler_name)
+        return Admitted(
+            units={}, annotations={}, labels=labels, scheduler_name=scheduler_name, dropped=dropped
+        )
     limits = {c.name: c.amount for c in request.containers}
     try:
         recorded = memory_asked(annotations_of(pod), owner=who)
     except InvalidAnnotation:
         recorded = None  # rewritten below from the limits
     if recorded is not None and _agrees(recorded, limits):
-        return Admitted(units={}, annotations={}, labels=labels, scheduler_name=scheduler_name)
+        return Admitted(
+            units={}, annotations={}, labels=labels, scheduler_name=scheduler_name, dropped=dropped
+        )
     unit = settings.unit_mib
     if settings.limits_in is LimitsIn.UNITS:
         asked = MemoryAsked(unit_mib=unit, mib={n: a * unit for n, a in limits.items()})
@@ -178,7 +191,11 @@ def admit(pod: Body, settings: AdmissionSettings) -> Admitted:
         asked = MemoryAsked(unit_mib=unit, mib=limits)
         units = {name: units_for(mib, unit) for name, mib in limits.items()}
     return Admitted(
-        units=units, annotations=asked.annotations(), labels=labels, scheduler_name=scheduler_name
+        units=units,
+        annotations=asked.annotations(),
+        labels=labels,
+        scheduler_name=scheduler_name,
+        dropped=dropped,
     )
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import Enum, StrEnum
 from typing import Any
 
-from gpushare.model.bodies import Body, annotations_of, mapping, path, text
+from gpushare.model.bodies import Body, annotations_of, mapping, path, sequence, text
 from gpushare.model.errors import GpuShareError
 from gpushare.model.resources import resource_list
 
@@ -69,6 +69,17 @@ def group_of(pod: Body) -> GroupKey | None:
     if label:
         return GroupKey(GroupApi.COSCHEDULING, namespace, label)
     return None
+
+
+def volcano_default_group(pod: Body) -> str:
+    """The gang Volcano's PodGroup controller puts a pod of its scheduler name in when it names
+    none, after its creation: `podgroup-<the UID of its controller, else its own>`
+    (GeneratePodgroupName), with minMember 1."""
+    meta = path(pod, "metadata")
+    owners = [
+        owner for owner in sequence(meta.get("ownerReferences")) if owner.get("controller") is True
+    ]
+    return f"podgroup-{text(owners[0].get('uid')) if owners else text(meta.get('uid'))}"
 
 
 def group_key(api: GroupApi, body: Body) -> GroupKey:

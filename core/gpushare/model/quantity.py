@@ -61,7 +61,8 @@ def parse_decimal(value: object, *, where: str) -> Decimal:
             multiplier = Decimal(1024) ** (_BINARY_SUFFIXES.index(suffix) + 1)
             amount = Decimal(match["number"]) * multiplier
         else:
-            exponent = int(suffix[1:]) if suffix[:1] in ("e", "E") else _DECIMAL_SUFFIX[suffix]
+            # `E` alone is the exa suffix; with digits after it, an exponent.
+            exponent = _DECIMAL_SUFFIX[suffix] if suffix in _DECIMAL_SUFFIX else int(suffix[1:])
             if abs(exponent) > 30:
                 raise InvalidQuantity(f"{where} is out of range; write a number such as 1024")
             amount = Decimal(match["number"]).scaleb(exponent)

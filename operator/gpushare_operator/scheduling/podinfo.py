@@ -26,9 +26,9 @@ from gpushare.model import (
 )
 from gpushare.model.admission import lacks_gpu_pod_label, memory_asked
 from gpushare.model.annotations import gpu_assigned
-from gpushare.model.bodies import Body, annotations_of, resource_version, text
+from gpushare.model.bodies import Body, annotations_of, labels_of, resource_version, text
 from gpushare.model.filters import PodNeeds, pod_needs, unsupported
-from gpushare.model.gangs import GroupKey, group_of
+from gpushare.model.gangs import GroupApi, GroupKey, group_of, volcano_default_group
 from gpushare.model.usage import FINISHED_PHASES, PodUid, pod_ref
 from gpushare_operator.scheduling.slim import slim_pod
 
@@ -75,11 +75,16 @@ class PodInfo:
     """A GPU pod without `contract.GPU_POD_LABEL` (made before gpushare labelled them): its
     Binding adds it, or the labeller does (`gpushare_operator.labeller`)."""
     bound_gang_min: int | None = None
-    """`contract.GANG_MIN_MEMBER`: its gang's minMember when it was bound; None without one
-    (or with one that is no positive number)."""
+    """`contract.GANG_MIN_MEMBER`, its gang's minMember when it was bound, where that is
+    gpushare's record: on a bound pod under the placement guard (labelled a GPU pod: nobody
+    else may write it after creation, and the webhook drops it at creation). None otherwise,
+    or for a value that is no whole number."""
     carries_gang_min: bool = False
     """It has `contract.GANG_MIN_MEMBER` at all: on a pending pod, a value its Binding must
     overwrite."""
+    in_default_gang: bool = False
+    """It names Volcano's default gang for it (`gangs.volcano_default_group`), which may be
+    added after it was bound."""
 
     @property
     def uid(self) -> PodUid:
@@ -145,6 +150,7 @@ class PodInfo:
         node = text(spec.get("nodeName"))
         phase = body["status"]["phase"]
         priority = spec.get("priority")
+        group = group_of(raw)
         return cls(
             body=body,
             ref=pod_ref(body),
@@ -159,7 +165,7 @@ class PodInfo:
             unschedulable=any(
                 c.get("status") == "False" for c in body["status"].get("conditions", ())
             ),
-            group=group_of(raw),
+            group=group,
             phase=text(phase),
             controlled=any(
                 isinstance(owner, dict) and owner.get("controller") is True
@@ -167,8 +173,16 @@ class PodInfo:
             ),
             preempts=spec.get("preemptionPolicy") != "Never",
             unlabelled=lacks_gpu_pod_label(raw),  # the slim copy has no mirror annotation
-            bound_gang_min=_positive(annotations_of(raw).get(contract.GANG_MIN_MEMBER)),
+            bound_gang_min=(
+                _whole(annotations_of(raw).get(contract.GANG_MIN_MEMBER))
+                if node
+                and labels_of(raw).get(contract.GPU_POD_LABEL) == contract.GPU_POD_LABEL_VALUE
+                else None
+            ),
             carries_gang_min=contract.GANG_MIN_MEMBER in annotations_of(raw),
+            in_default_gang=group is not None
+            and group.api is GroupApi.VOLCANO
+            and group.name == volcano_default_group(raw),
         )
 
     @classmethod
@@ -177,5 +191,9 @@ class PodInfo:
         return cls.parse({"metadata": {"uid": uid}})
 
 
-def _positive(value: str | None) -> int | None:
-    return int(value) if value is not None and value.isdigit() and int(value) > 0 else None
+def _whole(value: str | None) -> int | None:
+    """A whole number of 1 or more, written in ASCII digits (`str.isdigit` takes others,
+    which `int` refuses) and short (`int` refuses more than 4,300 digits)."""
+    if value is None or not (value.isascii() and value.isdigit()) or len(value) > 9:
+        return None
+    return int(value) or None

@@ -51,8 +51,10 @@ class Room:
 def gang_holds(cache: SchedulerCache, book: GangBook) -> dict[Hashable, GangHold]:
     """Each gang's bound members (not terminating) and how many may go before it is below
     its `minMember`: the PodGroup's, but never more than the most its members were bound
-    under (`contract.GANG_MIN_MEMBER`; a gang none of whose members has that record, bound
-    before gpushare wrote it, is held to the PodGroup's)."""
+    under (`PodInfo.bound_gang_min`; a member without that record that names Volcano's default
+    gang for it, which may be added after it was bound, was bound under 1, that gang's
+    minMember as Volcano makes it; a gang none of whose members says, bound before gpushare
+    wrote the record, is held to the PodGroup's)."""
     holds: dict[Hashable, GangHold] = {}
     for spec in book.specs():
         if not spec.is_gang:
@@ -60,7 +62,11 @@ def gang_holds(cache: SchedulerCache, book: GangBook) -> dict[Hashable, GangHold
         bound = [
             pod for pod in book.members(spec.key) if cache.holds(pod.uid) and not pod.terminating
         ]
-        recorded = [pod.bound_gang_min for pod in bound if pod.bound_gang_min is not None]
+        recorded = [
+            pod.bound_gang_min or 1
+            for pod in bound
+            if pod.bound_gang_min is not None or pod.in_default_gang
+        ]
         least = min(spec.min_member, max(recorded)) if recorded else spec.min_member
         if bound:
             holds[spec.key] = GangHold(

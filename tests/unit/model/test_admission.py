@@ -78,6 +78,17 @@ def test_admitting_twice_changes_nothing_the_second_time() -> None:
     assert admitted(once) == once
 
 
+@pytest.mark.parametrize("number", [False, True])
+def test_a_gang_record_forged_at_creation_is_dropped(number: bool) -> None:
+    # Only gpushare's Binding writes it; the placement policy keeps it after creation.
+    pod = gpu_pod("p", None if number else 1024, number=1 if number else None)
+    pod["metadata"]["annotations"] = {contract.GANG_MIN_MEMBER: "1000", "team": "a"}
+    done = admitted(pod)
+    assert contract.GANG_MIN_MEMBER not in done["metadata"]["annotations"]
+    assert done["metadata"]["annotations"]["team"] == "a"
+    assert admit(done, SETTINGS) == NOTHING
+
+
 def test_a_copy_whose_limit_was_edited_in_mib_is_converted_again() -> None:
     edited = admitted(gpu_pod("p", 1024))
     edited["spec"]["containers"][0]["resources"] = {"limits": {contract.GPU_MEMORY: "2048"}}

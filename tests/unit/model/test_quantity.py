@@ -20,6 +20,7 @@ from gpushare.model import InvalidQuantity, contract, parse_quantity
         ("1e3", 1000),
         ("1E3", 1000),
         ("3M", 3_000_000),
+        ("0E", 0),  # the exa suffix, not an exponent without digits
     ],
     ids=repr,
 )

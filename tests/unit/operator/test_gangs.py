@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from builders import capacity_node, gpu_pod
 
-from gpushare.model import CardIndex, NodeName, Policy
+from gpushare.model import CardIndex, NodeName, Policy, contract
 from gpushare.model.gangs import VOLCANO_GROUP_ANNOTATIONS, GroupApi, GroupSpec
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.scheduling.cache import SchedulerCache
 from gpushare_operator.scheduling.gangs import GangBook, GangDecision, broken_gang, decide_gang
 from gpushare_operator.scheduling.podinfo import PodInfo
+from gpushare_operator.scheduling.preemption import gang_holds
 
 CONFIG = OperatorConfig(scheduler_names=frozenset({"volcano"}))
 
@@ -141,3 +142,76 @@ def test_a_podgroup_cannot_lift_its_gang_to_a_class_its_pods_were_not_admitted_w
     book.observe_priority_class("system-cluster-critical", 2_000_000_000)
     (member, *_) = book.members(spec_of(book, "g").key)
     assert book.priority_of(member) == 0  # its pods' own priority
+
+
+def bound_member(
+    cache: SchedulerCache,
+    book: GangBook,
+    name: str,
+    *,
+    group: str = "job",
+    record: str | None = None,
+    gpu: bool = True,
+    owner: str | None = None,
+) -> None:
+    """A member bound to card 0 of node n, labelled a GPU pod (under the placement guard)
+    unless `gpu` is False, with `record` as its gang-min-member annotation."""
+    body = gpu_pod(name, 1000 if gpu else None, node="n", index="0" if gpu else None, uid=name)
+    body["metadata"]["annotations"][VOLCANO_GROUP_ANNOTATIONS[0]] = group
+    if record is not None:
+        body["metadata"]["annotations"][contract.GANG_MIN_MEMBER] = record
+    if gpu:
+        body["metadata"]["labels"] = dict(contract.GPU_POD_LABELS)
+    if owner is not None:
+        body["metadata"]["ownerReferences"] = [{"uid": owner, "controller": True}]
+    pod = PodInfo.parse(body)
+    cache.observe_pod(pod)
+    book.observe_member(pod)
+
+
+def group(book: GangBook, name: str, min_member: int) -> None:
+    book.observe_group(
+        GroupApi.VOLCANO,
+        {"metadata": {"name": name, "namespace": "default"}, "spec": {"minMember": min_member}},
+    )
+
+
+def spare(cache: SchedulerCache, book: GangBook, name: str) -> int:
+    (hold,) = [h for key, h in gang_holds(cache, book).items() if key.name == name]  # type: ignore[attr-defined]
+    return hold.spare
+
+
+def test_a_gang_is_held_to_the_minmember_its_members_were_bound_under() -> None:
+    cache, book = cluster()
+    for index in range(4):
+        bound_member(cache, book, f"m{index}", record="3")
+    group(book, "job", 4)  # raised by its tenant after the binds
+    assert spare(cache, book, "job") == 1
+    group(book, "job", 2)  # lowered: that counts
+    assert spare(cache, book, "job") == 2
+
+
+def test_records_nobody_guards_do_not_count() -> None:
+    cache, book = cluster()
+    for index in range(4):
+        bound_member(cache, book, f"m{index}", record="2")
+    bound_member(cache, book, "pause", record="1000", gpu=False)  # not under the guard
+    bound_member(cache, book, "odd", record="\u00b2")  # a digit to str.isdigit, not to int
+    group(book, "job", 6)
+    assert spare(cache, book, "job") == 4  # six bound, held to 2
+
+
+def test_volcanos_default_gang_joined_after_the_bind_is_held_to_one() -> None:
+    cache, book = cluster()
+    for index in range(3):
+        bound_member(cache, book, f"r{index}", group="podgroup-rs-1", owner="rs-1")
+    group(book, "podgroup-rs-1", 3)  # Volcano makes it with minMember 1
+    assert spare(cache, book, "podgroup-rs-1") == 2
+
+
+def test_a_gang_bound_before_the_record_was_written_is_held_to_its_podgroup() -> None:
+    cache, book = cluster()
+    for index in range(3):
+        bound_member(cache, book, f"m{index}")
+    group(book, "job", 3)
+    assert spare(cache, book, "job") == 0

@@ -87,7 +87,9 @@ async def test_the_components_need_no_more_than_their_roles(
     )
     operator.wait_logged("started_leading", timeout_s=20)
     # gpu-pod2 names the frameworks it takes limits for: PyTorch too (2.9 and later read it).
-    await create(core, gpu_pod("gpu-pod1", 1024))
+    forged = gpu_pod("gpu-pod1", 1024)
+    forged["metadata"]["annotations"] = {contract.GANG_MIN_MEMBER: "1000"}  # the Binding's alone
+    await create(core, forged)
     asks = gpu_pod("gpu-pod2", 1024)
     asks["metadata"]["annotations"] = {contract.FRAMEWORK_LIMITS: "pytorch,jax,tensorflow"}
     await create(core, asks)
@@ -106,6 +108,8 @@ async def test_the_components_need_no_more_than_their_roles(
             contract.ENV_TF_ALLOW_GROWTH: "true",
             **pytorch,
         }
+    stored = await core.read_namespaced_pod("gpu-pod1", "default")
+    assert contract.GANG_MIN_MEMBER not in (stored.metadata.annotations or {})
     bad = gpu_pod("typo", 1024)
     bad["metadata"]["annotations"] = {contract.FRAMEWORK_LIMITS: "torch"}
     assert "gpushare gives no framework named torch a memory limit" in await admitting.refusal(
