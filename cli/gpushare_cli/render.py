@@ -298,13 +298,15 @@ def _unplaceable(report: Explanation, outcome: Unplaceable, wide: bool) -> list[
     reason = _headline(outcome.reason, outcome.nodes) if outcome.nodes else outcome.reason
     lines = [f"{outcome.state.value}: {reason}"]
     if (preemption := outcome.preemption) is not None:
-        cards = ",".join(map(str, preemption.placement.cards))
-        victims = ", ".join(map(str, preemption.victims))
-        lines.append(f"would evict, on {preemption.placement.node} card {cards}: {victims}")
+        where = f"on {preemption.placement.node} card "
+        where += ",".join(map(str, preemption.placement.cards))
+        evicted = [ref for ref in preemption.victims if ref not in preemption.past_budgets]
+        if evicted:
+            lines.append(f"would evict, {where}: {', '.join(map(str, evicted))}")
         if preemption.past_budgets:
             budgets = ", ".join(map(str, preemption.budgets))
             past = ", ".join(map(str, preemption.past_budgets))
-            lines.append(f"would delete past PodDisruptionBudget {budgets}: {past}")
+            lines.append(f"would delete past PodDisruptionBudget {budgets}, {where}: {past}")
     if outcome.nodes:
         if (asked := _asked(outcome.nodes)) is not None:
             lines.append(f"it asks for {asked} on one card")

@@ -41,10 +41,10 @@ NO_LABELS: Mapping[str, str] = MappingProxyType({})
 """What a Binding adds to a pod's labels by default (the fence's term labels aside)."""
 EVICTION = "/eviction"
 POD_PATH = "/pods/"
+"""With a DELETE, and the eviction's path: the writes only the leader may send besides
+Bindings (`KubeSchedulerApi.fence_leader_writes`)."""
 DISRUPTION_TARGET = "DisruptionTarget"
 PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"  # kube-scheduler's reason
-"""The path of the writes only the leader may send besides Bindings
-(`KubeSchedulerApi.fence_leader_writes`)."""
 
 
 class SchedulerApi(Protocol):

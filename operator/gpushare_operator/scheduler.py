@@ -277,8 +277,12 @@ class Scheduler:
         try:
             await retry(once, WRITE)
         except (ApiError, OSError, TimeoutError, Fenced) as error:
-            if isinstance(error, ApiError) and error.status in (404, 409):
-                return  # gone already (409: its name now another pod's): room made all the same
+            if isinstance(error, ApiError) and (
+                error.status == 404 or (delete and error.status == 409)
+            ):
+                # Gone already (a deletion's 409: the UID precondition, its name now another
+                # pod's; an eviction's may be a budget's conflict): room made all the same.
+                return
             self._log.warning(
                 "preemption_eviction_refused",
                 pod=str(preemptor),

@@ -17,6 +17,8 @@ CardIndex = NewType("CardIndex", int)
 _TIME_DIGITS = 25
 """`predicate-time` in seconds is read only below this many digits (int64 nanoseconds,
 what Volcano writes, have at most 19)."""
+_COUNT_DIGITS = 9
+"""`gang-min-member` is read only up to this many digits: no count of pods is longer."""
 _INDEX_LIST = re.compile(r"(?:0|[1-9][0-9]{0,5})(?:,(?:0|[1-9][0-9]{0,5}))*")
 
 
@@ -58,6 +60,16 @@ def predicate_time_ns(annotations: Mapping[str, str]) -> int | None:
         return int(raw)
     except ValueError:  # digits int() does not read, such as "²"
         return None
+
+
+def gang_min_member(annotations: Mapping[str, str]) -> int | None:
+    """`gang-min-member`, the gang's minMember when the pod was bound, when it is a whole
+    number of 1 or more in ASCII digits (`str.isdigit` takes others, which `int` refuses) and
+    short (`int` refuses more than 4,300 digits); else None."""
+    raw = annotations.get(contract.GANG_MIN_MEMBER, "")
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > _COUNT_DIGITS:
+        return None
+    return int(raw) or None
 
 
 def predicate_time_s(annotations: Mapping[str, str]) -> float | None:

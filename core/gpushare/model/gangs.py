@@ -11,7 +11,7 @@ single pod.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 from typing import Any
@@ -80,6 +80,23 @@ def volcano_default_group(pod: Body) -> str:
         owner for owner in sequence(meta.get("ownerReferences")) if owner.get("controller") is True
     ]
     return f"podgroup-{text(owners[0].get('uid')) if owners else text(meta.get('uid'))}"
+
+
+def held_min_member(min_member: int, bound_under: Iterable[int]) -> int:
+    """The minMember preemption holds a gang to: the largest m such that m of its bound
+    members were bound under a minMember of m or more (`bound_under`, one for each member that
+    says), and never more than its PodGroup's now (`min_member`, also where none says).
+
+    A gang placed whole under minMember m has m members bound under m. A tenant who raises the
+    PodGroup's minMember after its pods are bound, and then has one more member bound under
+    the new value, has one member that says so, not m: its gang stays held to what its
+    members were placed under, and no dearer to preempt. (So is a gang whose minMember its
+    controller raised as it grew: held to what the members bound before were placed under.)"""
+    ordered = sorted(bound_under, reverse=True)
+    if not ordered:
+        return min_member
+    attested = sum(1 for rank, under in enumerate(ordered, start=1) if under >= rank)
+    return min(min_member, attested)
 
 
 def group_key(api: GroupApi, body: Body) -> GroupKey:

@@ -25,7 +25,7 @@ from gpushare.model import (
     gpu_request,
 )
 from gpushare.model.admission import lacks_gpu_pod_label, memory_asked
-from gpushare.model.annotations import gpu_assigned
+from gpushare.model.annotations import gang_min_member, gpu_assigned
 from gpushare.model.bodies import Body, annotations_of, labels_of, resource_version, text
 from gpushare.model.filters import PodNeeds, pod_needs, unsupported
 from gpushare.model.gangs import GroupApi, GroupKey, group_of, volcano_default_group
@@ -74,11 +74,13 @@ class PodInfo:
     unlabelled: bool = False
     """A GPU pod without `contract.GPU_POD_LABEL` (made before gpushare labelled them): its
     Binding adds it, or the labeller does (`gpushare_operator.labeller`)."""
+    guarded: bool = False
+    """Bound and labelled a GPU pod: its `gpushare.io/*` annotations are gpushare's record
+    (nobody else may write them after creation: the placement policy)."""
     bound_gang_min: int | None = None
-    """`contract.GANG_MIN_MEMBER`, its gang's minMember when it was bound, where that is
-    gpushare's record: on a bound pod under the placement guard (labelled a GPU pod: nobody
-    else may write it after creation, and the webhook drops it at creation). None otherwise,
-    or for a value that is no whole number."""
+    """`contract.GANG_MIN_MEMBER`, its gang's minMember when it was bound, on a `guarded`
+    pod (the webhook drops it at creation, the Binding writes it); None otherwise, or for a
+    value that is no whole number."""
     carries_gang_min: bool = False
     """It has `contract.GANG_MIN_MEMBER` at all: on a pending pod, a value its Binding must
     overwrite."""
@@ -151,6 +153,9 @@ class PodInfo:
         phase = body["status"]["phase"]
         priority = spec.get("priority")
         group = group_of(raw)
+        guarded = bool(node) and (
+            labels_of(raw).get(contract.GPU_POD_LABEL) == contract.GPU_POD_LABEL_VALUE
+        )
         return cls(
             body=body,
             ref=pod_ref(body),
@@ -173,12 +178,8 @@ class PodInfo:
             ),
             preempts=spec.get("preemptionPolicy") != "Never",
             unlabelled=lacks_gpu_pod_label(raw),  # the slim copy has no mirror annotation
-            bound_gang_min=(
-                _whole(annotations_of(raw).get(contract.GANG_MIN_MEMBER))
-                if node
-                and labels_of(raw).get(contract.GPU_POD_LABEL) == contract.GPU_POD_LABEL_VALUE
-                else None
-            ),
+            guarded=guarded,
+            bound_gang_min=gang_min_member(annotations_of(raw)) if guarded else None,
             carries_gang_min=contract.GANG_MIN_MEMBER in annotations_of(raw),
             in_default_gang=group is not None
             and group.api is GroupApi.VOLCANO
@@ -189,11 +190,3 @@ class PodInfo:
     def gone(cls, uid: PodUid) -> PodInfo:
         """A pod known only by its uid: one that a LIST no longer shows."""
         return cls.parse({"metadata": {"uid": uid}})
-
-
-def _whole(value: str | None) -> int | None:
-    """A whole number of 1 or more, written in ASCII digits (`str.isdigit` takes others,
-    which `int` refuses) and short (`int` refuses more than 4,300 digits)."""
-    if value is None or not (value.isascii() and value.isdigit()) or len(value) > 9:
-        return None
-    return int(value) or None

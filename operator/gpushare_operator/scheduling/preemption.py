@@ -14,7 +14,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 from gpushare.model import CardIndex, NodeName, PodRef, PodUid, format_card_indices
-from gpushare.model.gangs import GroupSpec
+from gpushare.model.gangs import GroupSpec, held_min_member
 from gpushare.model.placement import Policy, unit_check
 from gpushare.model.preemption import (
     Cost,
@@ -50,11 +50,7 @@ class Room:
 
 def gang_holds(cache: SchedulerCache, book: GangBook) -> dict[Hashable, GangHold]:
     """Each gang's bound members (not terminating) and how many may go before it is below
-    its `minMember`: the PodGroup's, but never more than the most its members were bound
-    under (`PodInfo.bound_gang_min`; a member without that record that names Volcano's default
-    gang for it, which may be added after it was bound, was bound under 1, that gang's
-    minMember as Volcano makes it; a gang none of whose members says, bound before gpushare
-    wrote the record, is held to the PodGroup's)."""
+    the minMember its members were bound under (`gangs.held_min_member`)."""
     holds: dict[Hashable, GangHold] = {}
     for spec in book.specs():
         if not spec.is_gang:
@@ -62,17 +58,26 @@ def gang_holds(cache: SchedulerCache, book: GangBook) -> dict[Hashable, GangHold
         bound = [
             pod for pod in book.members(spec.key) if cache.holds(pod.uid) and not pod.terminating
         ]
-        recorded = [
-            pod.bound_gang_min or 1
-            for pod in bound
-            if pod.bound_gang_min is not None or pod.in_default_gang
-        ]
-        least = min(spec.min_member, max(recorded)) if recorded else spec.min_member
-        if bound:
-            holds[spec.key] = GangHold(
-                members=frozenset(pod.uid for pod in bound), spare=max(0, len(bound) - least)
-            )
+        if not bound:
+            continue
+        said = [under for pod in bound if (under := _bound_under(cache, spec, pod)) is not None]
+        least = held_min_member(spec.min_member, said)
+        holds[spec.key] = GangHold(
+            members=frozenset(pod.uid for pod in bound), spare=max(0, len(bound) - least)
+        )
     return holds
+
+
+def _bound_under(cache: SchedulerCache, spec: GroupSpec, pod: PodInfo) -> int | None:
+    """The minMember a bound member was bound under, by gpushare's record; None where nothing
+    says (a pod no guard keeps: without a GPU, or another scheduler's)."""
+    if pod.bound_gang_min is not None:
+        return pod.bound_gang_min
+    if pod.in_default_gang:
+        return 1  # Volcano's default gang, with minMember 1, may be joined after the bind
+    if pod.guarded and cache.is_ours(pod):
+        return spec.min_member  # bound before gpushare wrote the record: as before
+    return None
 
 
 def make_room(

@@ -17,6 +17,7 @@ from gpushare.model.gangs import (
     group_of,
     group_spec,
     group_status,
+    held_min_member,
     missing_members,
 )
 
@@ -130,3 +131,19 @@ def test_coscheduling_phases_and_schedule_start_time() -> None:
     assert group_status(spec, GroupState(Members(0, 3, 3, 0, 0), True, None), NOW)["phase"] == (
         "Running"
     )
+
+
+@pytest.mark.parametrize(
+    ("min_member", "bound_under", "held"),
+    [
+        (4, [4, 4, 4, 4], 4),  # placed whole
+        (8, [4, 4, 4, 4, 8], 4),  # raised, then one more bound: one says 8, four say 4
+        (2, [4, 4, 4, 4], 2),  # lowered since: the PodGroup's
+        (3, [], 3),  # nothing says: the PodGroup's
+        (9, [1] * 8 + [9], 1),
+    ],
+)
+def test_a_gang_is_held_to_as_many_as_were_bound_under_that_many(
+    min_member: int, bound_under: list[int], held: int
+) -> None:
+    assert held_min_member(min_member, bound_under) == held

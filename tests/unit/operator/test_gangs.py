@@ -8,9 +8,10 @@ from gpushare.model import CardIndex, NodeName, Policy, contract
 from gpushare.model.gangs import VOLCANO_GROUP_ANNOTATIONS, GroupApi, GroupSpec
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.scheduling.cache import SchedulerCache
+from gpushare_operator.scheduling.decision import Refusal
 from gpushare_operator.scheduling.gangs import GangBook, GangDecision, broken_gang, decide_gang
 from gpushare_operator.scheduling.podinfo import PodInfo
-from gpushare_operator.scheduling.preemption import gang_holds
+from gpushare_operator.scheduling.preemption import Room, gang_holds, make_room_for_gang
 
 CONFIG = OperatorConfig(scheduler_names=frozenset({"volcano"}))
 
@@ -215,3 +216,62 @@ def test_a_gang_bound_before_the_record_was_written_is_held_to_its_podgroup() ->
         bound_member(cache, book, f"m{index}")
     group(book, "job", 3)
     assert spare(cache, book, "job") == 0
+
+
+def test_one_member_bound_after_a_raise_does_not_hold_the_whole_gang_to_it() -> None:
+    cache, book = cluster()
+    for index in range(8):
+        bound_member(cache, book, f"m{index}", record="1")  # placed one by one
+    bound_member(cache, book, "late", record="9")  # bound once its tenant raised minMember
+    group(book, "job", 9)
+    assert spare(cache, book, "job") == 8
+
+
+def test_a_gang_bound_before_the_record_keeps_its_podgroups_hold_when_a_member_is_rebound() -> None:
+    cache, book = cluster()
+    for index in range(7):
+        bound_member(cache, book, f"m{index}")
+    bound_member(cache, book, "again", record="8")
+    group(book, "job", 8)
+    assert spare(cache, book, "job") == 0
+
+
+def test_a_gangs_members_preempt_within_a_budget_together() -> None:
+    # Card 0 holds db-0 and db-1, card 1 w1 and w2, all of priority 0; the budget lets one
+    # db pod go. The gang's two members each need half a card: one db pod, then a web pod.
+    cache, book = cluster()
+    for name, card, app in (
+        ("db-0", "0", "db"),
+        ("db-1", "0", "db"),
+        ("w1", "1", "web"),
+        ("w2", "1", "web"),
+    ):
+        body = gpu_pod(name, 10000, node="n", index=card, uid=name, phase="Running")
+        body["metadata"]["labels"] = {"app": app}
+        body["metadata"]["annotations"][contract.GPU_ASSIGNED] = contract.GPU_ASSIGNED_TRUE
+        body["metadata"]["creationTimestamp"] = "2026-12-04T09:00:00Z"
+        cache.observe_pod(PodInfo.parse(body))
+    cache.observe_budget(
+        {
+            "metadata": {"name": "keep-db", "namespace": "default"},
+            "spec": {"selector": {"matchLabels": {"app": "db"}}},
+            "status": {"disruptionsAllowed": 1},
+        }
+    )
+    group(book, "job", 2)
+    refused = []
+    for index in range(2):
+        body = gpu_pod(f"m{index}", 10000, uid=f"m{index}")
+        body["metadata"]["annotations"] = {VOLCANO_GROUP_ANNOTATIONS[0]: "job"}
+        body["spec"]["priority"] = 100
+        pod = PodInfo.parse(body)
+        cache.observe_pod(pod)
+        book.observe_member(pod)
+        refused.append((pod, Refusal("no card has room")))
+    outcomes = make_room_for_gang(
+        cache, book, spec_of(book, "job"), refused, priority=100, policy=Policy.BESTFIT
+    )
+    rooms = [outcome for _, outcome in outcomes if isinstance(outcome, Room)]
+    victims = sorted(ref.name for room in rooms for ref in room.preemption.victims)
+    assert victims == ["db-0", "w1"]
+    assert all(room.preemption.past_budgets == () for room in rooms)  # all evicted: none deleted
