@@ -61,6 +61,8 @@ from gpushare_operator.scheduling.queue import CardFreeing, GangCheck, Schedulin
 
 PREEMPTING = "Preempting"
 PREEMPTED = "Preempted"  # kube-scheduler's reason on a victim
+GANG_MIN_MEMBER_MAX = 999_999_999
+"""The most `contract.GANG_MIN_MEMBER` says (`annotations.gang_min_member` reads 9 digits)."""
 PREEMPTED_CONDITION = "gpushare: preempting to accommodate a higher priority pod"
 """The DisruptionTarget condition's message on a victim deleted past its budget (kube-scheduler
 writes its scheduler name where this says gpushare)."""
@@ -385,7 +387,7 @@ class Scheduler:
             if decision.pod.group is not None or decision.pod.carries_gang_min:
                 spec = self.gangs.spec(decision.pod.group) if decision.pod.group else None
                 gang_min = spec.min_member if isinstance(spec, GroupSpec) else 1
-                annotations[contract.GANG_MIN_MEMBER] = str(gang_min)
+                annotations[contract.GANG_MIN_MEMBER] = str(min(gang_min, GANG_MIN_MEMBER_MAX))
         # A GPU pod made before gpushare labelled them comes under the placement policy
         # with the write that places it (Kubernetes 1.35 on; before, the labeller's write
         # follows).

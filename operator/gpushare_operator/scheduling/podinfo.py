@@ -24,7 +24,7 @@ from gpushare.model import (
     contract,
     gpu_request,
 )
-from gpushare.model.admission import lacks_gpu_pod_label, memory_asked
+from gpushare.model.admission import asks_for_gpus, lacks_gpu_pod_label, memory_asked
 from gpushare.model.annotations import gang_min_member, gpu_assigned
 from gpushare.model.bodies import Body, annotations_of, labels_of, resource_version, text
 from gpushare.model.filters import PodNeeds, pod_needs, unsupported
@@ -75,8 +75,9 @@ class PodInfo:
     """A GPU pod without `contract.GPU_POD_LABEL` (made before gpushare labelled them): its
     Binding adds it, or the labeller does (`gpushare_operator.labeller`)."""
     guarded: bool = False
-    """Bound and labelled a GPU pod: its `gpushare.io/*` annotations are gpushare's record
-    (nobody else may write them after creation: the placement policy)."""
+    """A GPU pod, bound and labelled one: its `gpushare.io/*` annotations are gpushare's record
+    (nobody else may write them after creation: the placement policy; anyone may label a pod
+    without a GPU, which no webhook or Binding writes for)."""
     bound_gang_min: int | None = None
     """`contract.GANG_MIN_MEMBER`, its gang's minMember when it was bound, on a `guarded`
     pod (the webhook drops it at creation, the Binding writes it); None otherwise, or for a
@@ -153,8 +154,10 @@ class PodInfo:
         phase = body["status"]["phase"]
         priority = spec.get("priority")
         group = group_of(raw)
-        guarded = bool(node) and (
-            labels_of(raw).get(contract.GPU_POD_LABEL) == contract.GPU_POD_LABEL_VALUE
+        guarded = (
+            bool(node)
+            and labels_of(raw).get(contract.GPU_POD_LABEL) == contract.GPU_POD_LABEL_VALUE
+            and asks_for_gpus(raw)
         )
         return cls(
             body=body,

@@ -49,8 +49,10 @@ class Room:
 
 
 def gang_holds(cache: SchedulerCache, book: GangBook) -> dict[Hashable, GangHold]:
-    """Each gang's bound members (not terminating) and how many may go before it is below
-    the minMember its members were bound under (`gangs.held_min_member`)."""
+    """Each gang's bound members that hold cards (not terminating: the ones preemption may
+    take) and how many of all its bound members may go before it is below the minMember its
+    members were bound under (`gangs.held_min_member`). A member without a card is never a
+    victim: were it among the members to take with the gang, no set could take the gang."""
     holds: dict[Hashable, GangHold] = {}
     for spec in book.specs():
         if not spec.is_gang:
@@ -63,7 +65,8 @@ def gang_holds(cache: SchedulerCache, book: GangBook) -> dict[Hashable, GangHold
         said = [under for pod in bound if (under := _bound_under(cache, spec, pod)) is not None]
         least = held_min_member(spec.min_member, said)
         holds[spec.key] = GangHold(
-            members=frozenset(pod.uid for pod in bound), spare=max(0, len(bound) - least)
+            members=frozenset(pod.uid for pod in bound if cache.cards_of(pod.uid) is not None),
+            spare=max(0, len(bound) - least),
         )
     return holds
 
@@ -73,8 +76,10 @@ def _bound_under(cache: SchedulerCache, spec: GroupSpec, pod: PodInfo) -> int | 
     says (a pod no guard keeps: without a GPU, or another scheduler's)."""
     if pod.bound_gang_min is not None:
         return pod.bound_gang_min
-    if pod.in_default_gang:
-        return 1  # Volcano's default gang, with minMember 1, may be joined after the bind
+    if (pod.guarded and pod.carries_gang_min) or pod.in_default_gang:
+        # A record that cannot be read says the least; Volcano's default gang, with
+        # minMember 1, may be joined after the bind.
+        return 1
     if pod.guarded and cache.is_ours(pod):
         return spec.min_member  # bound before gpushare wrote the record: as before
     return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from builders import capacity_node, gpu_pod
 
-from gpushare.model import CardIndex, NodeName, Policy, contract
+from gpushare.model import CardIndex, NodeName, PodUid, Policy, contract
 from gpushare.model.gangs import VOLCANO_GROUP_ANNOTATIONS, GroupApi, GroupSpec
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.scheduling.cache import SchedulerCache
@@ -155,14 +155,13 @@ def bound_member(
     gpu: bool = True,
     owner: str | None = None,
 ) -> None:
-    """A member bound to card 0 of node n, labelled a GPU pod (under the placement guard)
-    unless `gpu` is False, with `record` as its gang-min-member annotation."""
+    """A member bound to node n (card 0 unless `gpu` is False), labelled a GPU pod, with
+    `record` as its gang-min-member annotation."""
     body = gpu_pod(name, 1000 if gpu else None, node="n", index="0" if gpu else None, uid=name)
     body["metadata"]["annotations"][VOLCANO_GROUP_ANNOTATIONS[0]] = group
     if record is not None:
         body["metadata"]["annotations"][contract.GANG_MIN_MEMBER] = record
-    if gpu:
-        body["metadata"]["labels"] = dict(contract.GPU_POD_LABELS)
+    body["metadata"]["labels"] = dict(contract.GPU_POD_LABELS)
     if owner is not None:
         body["metadata"]["ownerReferences"] = [{"uid": owner, "controller": True}]
     pod = PodInfo.parse(body)
@@ -196,10 +195,29 @@ def test_records_nobody_guards_do_not_count() -> None:
     cache, book = cluster()
     for index in range(4):
         bound_member(cache, book, f"m{index}", record="2")
-    bound_member(cache, book, "pause", record="1000", gpu=False)  # not under the guard
-    bound_member(cache, book, "odd", record="\u00b2")  # a digit to str.isdigit, not to int
-    group(book, "job", 6)
-    assert spare(cache, book, "job") == 4  # six bound, held to 2
+    for index in range(4):  # anyone may label a pod without a GPU: nothing guards its record
+        bound_member(cache, book, f"cpu{index}", record="8", gpu=False)
+    group(book, "job", 8)
+    assert spare(cache, book, "job") == 6  # eight bound, held to 2
+
+
+def test_a_record_that_cannot_be_read_says_the_least() -> None:
+    cache, book = cluster()
+    for index in range(3):
+        bound_member(cache, book, f"m{index}", record="\u00b2")  # a digit to str.isdigit only
+    group(book, "job", 3)
+    assert spare(cache, book, "job") == 2
+
+
+def test_a_member_without_a_card_does_not_keep_its_gang_from_being_taken_whole() -> None:
+    cache, book = cluster()
+    for index in range(4):
+        bound_member(cache, book, f"m{index}", record="4")
+    bound_member(cache, book, "driver", gpu=False)
+    group(book, "job", 4)
+    (hold,) = gang_holds(cache, book).values()
+    assert hold.members == {PodUid(f"m{index}") for index in range(4)}
+    assert hold.spare == 1
 
 
 def test_volcanos_default_gang_joined_after_the_bind_is_held_to_one() -> None:
