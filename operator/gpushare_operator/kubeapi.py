@@ -322,10 +322,8 @@ class KubeSchedulerApi:
     async def read_pod(self, pod: PodRef) -> dict[str, Any] | None:
         return await read_pod(self._core, pod.name, pod.namespace, pod.uid, timeout_s=self._timeout)
 
-    async def label_gpu_pod(self, pod: PodRef) -> None:
-        # Through pods/status, the one patch of a pod the operator's role allows; the UID
-        # precondition leaves a namesake alone.
-        body = {"metadata": {"uid": pod.uid, "labels": dict(contract.GPU_POD_LABELS)}}
+    async def _patch_pod_status(self, pod: PodRef, body: Mapping[str, Any]) -> None:
+        """A strategic merge patch of the pod through pods/status."""
         await raw_json(
             self._core.patch_namespaced_pod_status(
                 pod.name,
@@ -335,6 +333,12 @@ class KubeSchedulerApi:
                 _request_timeout=self._timeout,
             )
         )
+
+    async def label_gpu_pod(self, pod: PodRef) -> None:
+        # Through pods/status, the one patch of a pod the operator's role allows; the UID
+        # precondition leaves a namesake alone.
+        body = {"metadata": {"uid": pod.uid, "labels": dict(contract.GPU_POD_LABELS)}}
+        await self._patch_pod_status(pod, body)
 
     async def mark_preempted(self, pod: PodRef, message: str) -> None:
         condition = {
@@ -346,15 +350,7 @@ class KubeSchedulerApi:
         }
         # Strategic merge: conditions merge by type. The UID leaves a namesake alone.
         body = {"metadata": {"uid": pod.uid}, "status": {"conditions": [condition]}}
-        await raw_json(
-            self._core.patch_namespaced_pod_status(
-                pod.name,
-                pod.namespace,
-                body,
-                _preload_content=False,
-                _request_timeout=self._timeout,
-            )
-        )
+        await self._patch_pod_status(pod, body)
 
     async def set_unschedulable(
         self,
@@ -381,15 +377,7 @@ class KubeSchedulerApi:
             body["status"]["nominatedNodeName"] = nominated
         if resource_version is not None:
             body["metadata"] = {"resourceVersion": str(resource_version)}
-        await raw_json(
-            self._core.patch_namespaced_pod_status(
-                pod.name,
-                pod.namespace,
-                body,
-                _preload_content=False,
-                _request_timeout=self._timeout,
-            )
-        )
+        await self._patch_pod_status(pod, body)
 
     async def post_event(self, pod: PodRef, *, event_type: str, reason: str, message: str) -> str:
         created = await self._post_event(

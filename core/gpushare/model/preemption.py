@@ -488,7 +488,8 @@ class _Search:
         pods = [self._view.pods[uid] for uid in victims]
         # What it costs with no budget broken is a lower bound: the budgets need not be read
         # for a set that cannot beat the best so far.
-        if self._key is not None and (_cost(pods, self._view, 0), name, cards) >= self._key:
+        lower = _cost(pods, self._view, 0)
+        if self._key is not None and (lower, name, cards) >= self._key:
             return
         broken = breach(self._view.budgets, ((p.ref.namespace, p.labels) for p in pods))
         if broken.budgets and not self._view.break_budgets:
@@ -497,7 +498,7 @@ class _Search:
                 f"{broken.budgets[0]}"
             )
             return
-        cost = _cost(pods, self._view, broken.over)
+        cost = replace(lower, past_budgets=broken.over)
         key = (cost, name, cards)
         if self._key is not None and key >= self._key:
             return

@@ -154,6 +154,7 @@ class PodInfo:
         phase = body["status"]["phase"]
         priority = spec.get("priority")
         group = group_of(raw)
+        raw_annotations = annotations_of(raw)  # the slim copy keeps only those it reads
         guarded = (
             bool(node)
             and labels_of(raw).get(contract.GPU_POD_LABEL) == contract.GPU_POD_LABEL_VALUE
@@ -182,8 +183,8 @@ class PodInfo:
             preempts=spec.get("preemptionPolicy") != "Never",
             unlabelled=lacks_gpu_pod_label(raw),  # the slim copy has no mirror annotation
             guarded=guarded,
-            bound_gang_min=gang_min_member(annotations_of(raw)) if guarded else None,
-            carries_gang_min=contract.GANG_MIN_MEMBER in annotations_of(raw),
+            bound_gang_min=gang_min_member(raw_annotations) if guarded else None,
+            carries_gang_min=contract.GANG_MIN_MEMBER in raw_annotations,
             in_default_gang=group is not None
             and group.api is GroupApi.VOLCANO
             and group.name == volcano_default_group(raw),
