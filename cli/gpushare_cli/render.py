@@ -14,6 +14,7 @@ import yaml
 
 from gpushare.model import GpuKind, Placement, contract
 from gpushare.model.defrag import DefragPlan
+from gpushare.model.device_list import DeviceListStrategy
 from gpushare.model.diagnosis import (
     CardProblem,
     CardVerdict,
@@ -54,6 +55,7 @@ def inspect_json(report: Sequence[NodeReport]) -> list[dict[str, Any]]:
             "usedMiB": node.used_mib,
             "totalMiB": node.total_mib,
             "measuredAt": node.measured_at,
+            "deviceListStrategy": node.strategy,
             "cards": [
                 {
                     "index": card.index,
@@ -145,7 +147,20 @@ def _inspect_wide(report: Sequence[NodeReport], detail: bool) -> str:
             rows.append((*row, _pods_on_card(card)) if detail else row)
         total = ("", "total", "", "", "", f"{node.used_mib}/{node.total_mib}", "", "")
         rows.append((*total, "") if detail else total)
-    return table(rows) + _cluster_total(report, marks=False)
+    return table(rows) + _cluster_total(report, marks=False) + _told_by_env(report)
+
+
+def _told_by_env(report: Sequence[NodeReport]) -> str:
+    """The nodes whose device plugin names cards by NVIDIA_VISIBLE_DEVICES alone, where what an
+    image or envFrom sets can name others (the admin's to close)."""
+    nodes = [node.node for node in report if node.strategy == DeviceListStrategy.ENVVAR]
+    if not nodes:
+        return ""
+    return (
+        f"\ncards named by NVIDIA_VISIBLE_DEVICES alone (envvar) on {', '.join(nodes)}: a "
+        "container whose image or envFrom sets it can see every card there unless the NVIDIA "
+        "container toolkit refuses it (docs/admission.md, what admission cannot see)"
+    )
 
 
 def _cluster_total(report: Sequence[NodeReport], *, marks: bool = True) -> str:

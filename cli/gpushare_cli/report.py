@@ -33,7 +33,7 @@ from gpushare.model.bodies import Body, annotations_of, path, text
 from gpushare.model.defrag import DefragPlan
 from gpushare.model.filters import PodNeeds, pod_needs
 from gpushare.model.gangs import GroupSpec, group_of
-from gpushare.model.measured import MeasuredUsage, measured_of
+from gpushare.model.measured import measured_of
 from gpushare.model.preemption import NodeCheckWithout, Preemption
 from gpushare.model.usage import CardUsage
 from gpushare_cli.errors import CliError
@@ -129,6 +129,9 @@ class NodeReport:
     """By index."""
     measured_at: str | None = None
     """When the device plugin last measured (RFC 3339); None: it has not."""
+    strategy: str | None = None
+    """How its device plugin tells containers their cards (GPUNode `spec.deviceListStrategy`);
+    None: a plugin that does not say."""
 
     @property
     def used_mib(self) -> int:
@@ -146,10 +149,7 @@ def inspect(cluster: Cluster, node: str | None, *, namespace: str | None) -> lis
     if not cluster.sees_cards:
         raise CliError(BLIND)
     ledger = build_cache(cluster).ledger
-    measured = {
-        text(path(resource, "metadata").get("name")) or "": measured_of(resource)
-        for resource in cluster.gpunodes
-    }
+    gpunodes = _gpunodes_by_name(cluster)
     names = sorted(ledger.nodes())
     if node is not None:
         wanted = NodeName(node)
@@ -161,7 +161,7 @@ def inspect(cluster: Cluster, node: str | None, *, namespace: str | None) -> lis
         names = [wanted]
     stand_ins = _stand_ins(cluster)
     return [
-        _node_report(ledger, ledger.nodes()[name], namespace, measured.get(name), stand_ins)
+        _node_report(ledger, ledger.nodes()[name], namespace, gpunodes.get(name), stand_ins)
         for name in names
     ]
 
@@ -170,10 +170,11 @@ def _node_report(
     ledger: Ledger,
     usage: NodeUsage,
     namespace: str | None,
-    measured: MeasuredUsage | None,
+    gpunode: Body | None,
     stand_ins: Mapping[PodUid, Body],
 ) -> NodeReport:
     unit = usage.inventory.unit_mib
+    measured = measured_of(gpunode) if gpunode is not None else None
 
     def used_by(index: CardIndex, pod: PodRef | None) -> int | None:
         if measured is None:
@@ -230,7 +231,14 @@ def _node_report(
         unit_mib=unit,
         cards=tuple(card(index, held) for index, held in sorted(usage.cards.items())),
         measured_at=measured.at if measured is not None else None,
+        strategy=(
+            text(path(gpunode, "spec").get("deviceListStrategy")) if gpunode is not None else None
+        ),
     )
+
+
+def _gpunodes_by_name(cluster: Cluster) -> dict[str, Body]:
+    return {text(path(r, "metadata").get("name")) or "": r for r in cluster.gpunodes}
 
 
 def _stand_ins(cluster: Cluster) -> dict[PodUid, Body]:
@@ -454,13 +462,10 @@ def _reports(
 ) -> dict[str, NodeReport]:
     """The GPU nodes among `names`, as `inspect` reports them (every namespace's pods)."""
     usages = cache.ledger.nodes()
-    measured = {
-        text(path(resource, "metadata").get("name")) or "": measured_of(resource)
-        for resource in cluster.gpunodes
-    }
+    gpunodes = _gpunodes_by_name(cluster)
     stand_ins = _stand_ins(cluster)
     return {
-        name: _node_report(cache.ledger, usage, None, measured.get(name), stand_ins)
+        name: _node_report(cache.ledger, usage, None, gpunodes.get(name), stand_ins)
         for name in names
         if (usage := usages.get(NodeName(name))) is not None
     }

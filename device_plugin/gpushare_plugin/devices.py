@@ -12,16 +12,27 @@ from typing import Any
 
 from gpushare.model import contract
 from gpushare.model.annotations import CardIndex, format_card_indices
+from gpushare.model.device_list import DeviceListStrategy
 from gpushare.model.devices import CardDevices, units_of
 from gpushare.model.inventory import NodeInventory, NodeName, inventory_from_spec
 from gpushare_plugin.discovery import DiscoveredCard
 
 
 class DeviceTable:
-    def __init__(self, *, node: str, cards: Sequence[DiscoveredCard], unit_mib: int) -> None:
+    def __init__(
+        self,
+        *,
+        node: str,
+        cards: Sequence[DiscoveredCard],
+        unit_mib: int,
+        strategy: DeviceListStrategy = DeviceListStrategy.ENVVAR,
+    ) -> None:
         self.node = node
         self.cards = tuple(sorted(cards, key=lambda c: c.index))
         self.unit_mib = unit_mib
+        self.strategy = strategy
+        """How containers are told their cards: published, so that an admin sees which nodes
+        let an image's or envFrom's NVIDIA_VISIBLE_DEVICES name cards (envvar)."""
         self.identifies_pods = False
         """Whether the kubelet's pod-resources records say which pod each Allocate is for
         (read at start-up): published, so that the operator need not keep pods of one
@@ -89,6 +100,7 @@ class DeviceTable:
             "memoryUnitMiB": self.unit_mib,
             "pluginVersion": plugin_version,
             "identifiesPods": self.identifies_pods,
+            "deviceListStrategy": self.strategy.value,
         }
 
     def inventory(self) -> NodeInventory:

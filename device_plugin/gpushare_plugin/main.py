@@ -18,6 +18,7 @@ from typing import Any
 from gpushare import logs
 from gpushare.kube import api_client
 from gpushare.kube.retry import PUBLISH, pause
+from gpushare.model.device_list import DeviceListStrategy
 from gpushare.model.devices import check_unit_fits, smallest_fitting_unit
 from gpushare.model.errors import InvalidInventory
 from gpushare.model.request import GpuKind
@@ -67,7 +68,9 @@ async def run(config: PluginConfig, stop: asyncio.Event) -> int:
             log.warning("no GPU card on this node: nothing to advertise; idle until stopped")
             await stop.wait()
             return 0
-        table = DeviceTable(node=config.node_name, cards=cards, unit_mib=1)
+        table = DeviceTable(
+            node=config.node_name, cards=cards, unit_mib=1, strategy=config.device_list_strategy
+        )
         try:
             table.unit_mib = choose_unit(config, table)
         except InvalidInventory as error:
@@ -82,6 +85,16 @@ async def run(config: PluginConfig, stop: asyncio.Event) -> int:
             unit_mib=table.unit_mib,
             chosen="auto" if config.gpu_memory_factor is None else "flag",
         )
+        if config.device_list_strategy is DeviceListStrategy.ENVVAR:
+            log.warning(
+                "containers are told their cards by NVIDIA_VISIBLE_DEVICES alone",
+                strategy=config.device_list_strategy.value,
+                risk="a container whose image or envFrom sets NVIDIA_VISIBLE_DEVICES can see "
+                "every card of this node, unless the NVIDIA container toolkit refuses the "
+                "variable from unprivileged containers",
+                fix="set DEVICE_LIST_STRATEGY to cdi-cri (a CDI spec on the node) or "
+                "volume-mounts (with the toolkit's settings): docs/admission.md",
+            )
         metrics = PluginMetrics(node=config.node_name)
         metrics.serve(config.metrics_port)
         async with await api_client(config.kubeconfig, user_agent=COMPONENT) as client:

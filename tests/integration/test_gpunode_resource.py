@@ -110,3 +110,15 @@ async def test_the_schema_refuses_a_card_index_listed_twice(
         await create(api_client, gpunode(f"dup-{unique}", cards))
     assert caught.value.status == 422
     assert "Duplicate value" in caught.value.message
+
+
+async def test_the_schema_refuses_a_device_list_strategy_no_plugin_has(
+    api_client: client.ApiClient, unique: str
+) -> None:
+    await install_crds(api_client)
+    body = gpunode(f"strategy-{unique}", [{"index": 0, "uuid": "GPU-x", "memoryMiB": 1024}])
+    body["spec"]["deviceListStrategy"] = "env"
+    with pytest.raises(ApiError) as caught:
+        await create(api_client, body)
+    assert caught.value.status == 422
+    assert 'spec.deviceListStrategy: Unsupported value: "env"' in caught.value.message

@@ -235,6 +235,26 @@ def test_inspect_wide_shows_each_cards_uuid_model_health_and_pod_count(
     assert detailed.splitlines()[1].endswith("1     default/q0 102400 MiB")
 
 
+def test_inspect_wide_names_the_nodes_whose_cards_env_alone_names(
+    apiserver: Apiserver, source: Source, capsys: pytest.CaptureFixture[str]
+) -> None:
+    crowded(apiserver)
+    told_by_env, by_cdi = h200s("gpu-1"), h200s("gpu-2", 2)
+    told_by_env["spec"]["deviceListStrategy"] = "envvar"
+    by_cdi["spec"]["deviceListStrategy"] = "cdi-cri"
+    apiserver[GPUNODES] = listing(told_by_env, by_cdi)
+    _, wide = gpushare(capsys, source, "inspect", "-o", "wide")
+    assert wide.splitlines()[-1].startswith(
+        "cards named by NVIDIA_VISIBLE_DEVICES alone (envvar) on gpu-1: a container whose "
+        "image or envFrom sets it can see every card there"
+    )
+    _, shown = gpushare(capsys, source, "inspect", "-o", "json")
+    assert [n["deviceListStrategy"] for n in json.loads(shown)] == ["envvar", "cdi-cri"]
+    apiserver[GPUNODES] = listing(h200s("gpu-1"), by_cdi)  # a plugin that does not say
+    _, wide = gpushare(capsys, source, "inspect", "-o", "wide")
+    assert "NVIDIA_VISIBLE_DEVICES" not in wide
+
+
 @pytest.mark.parametrize(
     "args",
     [("inspect",), ("inspect", "-d"), ("explain", "big"), ("explain", "p0"), ("defrag",)],

@@ -425,6 +425,8 @@ async def test_the_inventory_is_owned_by_the_node_and_metrics_count_allocations(
     ]
     spec = inventory["spec"]
     assert (spec["memoryUnitMiB"], spec["pluginVersion"]) == (1, "0.1.0")
+    # The default: an admin sees that containers are told their cards by env alone.
+    assert spec["deviceListStrategy"] == "envvar"
     assert [(c["index"], c["memoryMiB"], c["health"]) for c in spec["cards"]] == [
         (0, 11178, "Healthy"),
         (1, 11178, "Healthy"),

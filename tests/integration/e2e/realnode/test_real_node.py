@@ -378,6 +378,12 @@ async def test_with_cdi_the_runtime_applies_the_device_of_the_card_the_plugin_ch
         assert env[FAKE_CDI_CARD] == gpu_index(pod)
         assert env[contract.ENV_VISIBLE_DEVICES] == "void"
         assert env[contract.ENV_GPU_ALLOCATED] == "1024"
+        inventory = await raw_json(
+            client.CustomObjectsApi(core.api_client).get_cluster_custom_object(  # type: ignore[attr-defined]
+                "gpushare.io", "v1alpha1", "gpunodes", node.real.name, _preload_content=False
+            )
+        )
+        assert inventory["spec"]["deviceListStrategy"] == strategy
     finally:
         node.plugin.stop()
         del node.plugin.env["DEVICE_LIST_STRATEGY"]
