@@ -183,16 +183,16 @@ def match_container(
     )
     fitting = [pod for pod in waiting if _next_container(pod, served).amount == count]
     if kubelet is not None:
-        # A part-served pod the records do not show was served on a guess (they could not be
-        # read then): the kubelet took that grant for the pod it is admitting, which is now
-        # the one to go on with.
         fitting = [p for p in fitting if _may_be_admitting(kubelet, p, served)] or [
-            p for p in fitting if served.get(p.ref.uid, 0)
+            p for p in fitting if _guessed_for(kubelet, p, pods, served)
         ]
     if fitting:
         pod = fitting[0]
         position = served.get(pod.ref.uid, 0)
-        if position == 0:  # a part-served pod is surely the one the kubelet is admitting
+        # A part-served pod is the one the kubelet is admitting (it admits one pod's
+        # containers in a row), unless it rejected that pod half-way: the records then show
+        # that; without them, its Failed status in the watch is all there is to go by.
+        if position == 0:
             _refuse_if_cards_differ(fitting, node=inventory.node, kind=kind, count=count)
             _refuse_if_ambiguous(
                 pod,
@@ -216,11 +216,40 @@ def match_container(
 
 
 def _may_be_admitting(kubelet: KubeletView, pod: BoundPod, served: Mapping[PodUid, int]) -> bool:
-    """A part-served pod the kubelet knows (it admits one pod's containers in a row), or a
-    pod none of whose containers holds a device yet."""
-    if served.get(pod.ref.uid, 0):
-        return kubelet.knows(pod)
-    return kubelet.unstarted(pod)
+    """A pod none of whose containers holds a device yet, or a part-served pod the kubelet
+    knows whose served containers hold theirs: it admits one pod's containers in a row and
+    records each container's devices once Allocate has answered. A pod it rejected half-way
+    (the topology manager refusing its next container, say) holds none there, or is gone
+    from the records (Kubernetes 1.34+), and must not take the next pod's call. Plain init
+    containers are not in the records: a pod served only those is taken on the kubelet's
+    knowing it."""
+    position = served.get(pod.ref.uid, 0)
+    if not position:
+        return kubelet.unstarted(pod)
+    assert pod.request is not None  # candidates ask for a GPU
+    listed = any(c.sidecar or not c.init for c in kubelet_order(pod.request)[:position])
+    return kubelet.knows(pod) and not (listed and kubelet.unstarted(pod))
+
+
+def _guessed_for(
+    kubelet: KubeletView, pod: BoundPod, pods: Sequence[BoundPod], served: Mapping[PodUid, int]
+) -> bool:
+    """Whether part-served `pod` was served on a guess (the records could not be read then)
+    for another pod of its request, which the records now show holding that grant: the
+    kubelet is admitting that one, and goes on with `pod`'s grant (same card, by the
+    exactness rule). Only a pod still waiting counts: one running holds its own grant."""
+    if not served.get(pod.ref.uid, 0) or pod.request is None:
+        return False
+    return any(
+        other.ref.uid != pod.ref.uid
+        and other.waiting
+        and not served.get(other.ref.uid, 0)
+        and other.request is not None
+        and other.request.signature == pod.request.signature
+        and kubelet.knows(other)
+        and not kubelet.unstarted(other)
+        for other in pods
+    )
 
 
 def _next_container(pod: BoundPod, served: Mapping[PodUid, int]) -> ContainerRequest:

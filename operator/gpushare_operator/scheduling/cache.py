@@ -356,8 +356,9 @@ class SchedulerCache:
     def assume(self, pod: PodInfo, plan: Plan) -> None:
         """Count a pod where `plan` puts it (and its card, if any) before the bind is
         confirmed."""
+        # Its nomination stays until it is bound (`observe_pod`): a gang member assumed for a
+        # trial and forgotten keeps the card it was nominated to.
         self._pending.pop(pod.uid, None)
-        self._nominated.pop(pod.uid, None)
         holder = _Holder(pod.ref, plan.node, dict(plan.needs.requests), None, pending=pod)
         if plan.placement is not None:
             self.ledger.add(plan.placement.allocation(pod.ref))

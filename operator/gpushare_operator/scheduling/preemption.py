@@ -162,15 +162,29 @@ def make_room_for_gang(
     preempt for as many members as it needs to reach `minMember` (all their victims, or
     none), or keep the refusals. Members that fit without evicting anyone are nominated too,
     so that the gang is bound together once the victims are gone."""
-    waiting = [
-        (pod, still)
+    nominated = [
+        (pod, nomination)
         for pod, _ in refused
         if (nomination := cache.nomination(pod.uid)) is not None
-        and (still := _still_waiting(cache, nomination)) is not None
+    ]
+    waiting = [
+        (pod, still)
+        for pod, nomination in nominated
+        if (still := _still_waiting(cache, nomination)) is not None
     ]
     if waiting:
+        # The members nominated where they fit keep those cards meanwhile: else a newcomer
+        # takes one, and the gang preempts again once its victims are gone.
         held = {pod.uid for pod, _ in waiting}
-        return [*waiting, *((pod, r) for pod, r in refused if pod.uid not in held)]
+        keeping = {
+            pod.uid: kept
+            for pod, nomination in nominated
+            if pod.uid not in held and (kept := _kept(cache, nomination)) is not None
+        }
+        return [
+            *waiting,
+            *((pod, keeping.get(pod.uid, r)) for pod, r in refused if pod.uid not in held),
+        ]
     for pod, _ in refused:
         cache.drop_nomination(pod.uid)
     needed = spec.min_member - book.counts(spec.key, cache).bound
@@ -283,6 +297,20 @@ def _still_waiting(cache: SchedulerCache, nomination: Nomination) -> Refusal | N
     where = _where(nomination.placement.node, nomination.placement.cards)
     return Refusal(
         f"waiting for {left} preempted pod(s) to leave {where}",
+        WAIT_RETRY_S,
+        quiet=True,
+        waits_for=nomination.placement,
+        nominated=nomination.placement.node,
+    )
+
+
+def _kept(cache: SchedulerCache, nomination: Nomination) -> Refusal | None:
+    """A gang member's place, nominated with no victims of its own, while its gang waits."""
+    if cache.victims_left(nomination) or cache.clock() - nomination.since > NOMINATION_TTL_S:
+        return None
+    where = _where(nomination.placement.node, nomination.placement.cards)
+    return Refusal(
+        f"waiting on {where} for its gang's preempted pods to leave",
         WAIT_RETRY_S,
         quiet=True,
         waits_for=nomination.placement,

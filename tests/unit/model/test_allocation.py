@@ -543,6 +543,36 @@ def test_a_pod_served_on_a_guess_goes_on_when_the_records_come_back() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("records", "next_in_watch"),
+    [
+        ([("default", "p", False), ("default", "n", False)], True),  # a kubelet before 1.34
+        ([("default", "n", False)], False),  # 1.34+ lists no rejected pod
+        ([("default", "p", False), ("default", "n", False)], False),
+    ],
+    ids=["rejected-listed", "rejected-gone-next-unseen", "rejected-listed-next-unseen"],
+)
+def test_a_pod_the_kubelet_rejected_half_way_does_not_take_the_next_pods_call(
+    records: list[tuple[str, str, bool]], next_in_watch: bool
+) -> None:
+    # "p" (card 0) had its first container served, then the kubelet rejected it (the topology
+    # manager refusing its second, say) before its Failed status reached the watch. The call
+    # is for "n" (card 1), whose one container asks for what p's second does.
+    rejected = placed("p", 10, index="0", extra=[container("b", {contract.GPU_MEMORY: "10"})])
+    pods = [rejected, placed("n", 10, index="1", at=2)] if next_in_watch else [rejected]
+    running = placed(
+        "r", 10, index="0", extra=[container("b", {contract.GPU_MEMORY: "10"})], assigned="true"
+    )
+    view = KubeletView.listing([*records, ("default", "r", True)])  # served before a restart
+    call = {"kind": MEMORY, "count": 10, "inventory": inventory([100, 100]), "kubelet": view}
+    if next_in_watch:
+        grant = match_container([*pods, running], {PodUid("p"): 1}, **call)  # type: ignore[arg-type]
+        assert (grant.pod.name, grant.env["NVIDIA_VISIBLE_DEVICES"]) == ("n", "1")
+    else:
+        with pytest.raises(NoCandidate, match="not in the device plugin's watch yet"):
+            match_container([*pods, running], {PodUid("p"): 1}, **call)  # type: ignore[arg-type]
+
+
 def test_a_part_served_pod_goes_on_whatever_other_pods_of_its_size_hold() -> None:
     # Its first container was served: the kubelet is admitting it, container after container.
     two = placed("two", 10, index="0", extra=[container("b", {contract.GPU_MEMORY: "10"})])

@@ -1,0 +1,113 @@
+"""A gang that preempts, through the decision loop: the members that fit keep their cards while
+the others' victims leave, so that the gang evicts once."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import pytest
+from builders import gpu_pod, ready_node
+
+from gpushare.kube.reflector import DELETED, MODIFIED
+from gpushare.model import CardIndex, NodeName, PodRef, contract
+from gpushare.model.gangs import VOLCANO_GROUP_ANNOTATIONS, GroupApi
+from gpushare.model.usage import PodUid
+from gpushare_operator.config import OperatorConfig
+from gpushare_operator.election import WriteFence
+from gpushare_operator.intake import Intake
+from gpushare_operator.labeller import Labeller
+from gpushare_operator.metrics import SchedulerMetrics
+from gpushare_operator.reporting import Reporter
+from gpushare_operator.scheduler import Scheduler
+from gpushare_operator.scheduling.cache import SchedulerCache
+from gpushare_operator.scheduling.gangs import GangBook
+from gpushare_operator.scheduling.podinfo import PodInfo
+from gpushare_operator.scheduling.queue import SchedulingQueue
+
+pytestmark = pytest.mark.asyncio
+CONFIG = OperatorConfig(scheduler_names=frozenset({"volcano"}))
+
+
+class Api:
+    """Evictions recorded; Events and conditions accepted."""
+
+    def __init__(self) -> None:
+        self.evicted: list[str] = []
+
+    async def evict(self, pod: PodRef, **_: Any) -> None:
+        self.evicted.append(pod.name)
+
+    async def post_event(self, *_: Any, **__: Any) -> str:
+        return "event"
+
+    async def set_unschedulable(self, *_: Any, **__: Any) -> None:
+        pass
+
+
+def on_card(cache: SchedulerCache, card: int) -> set[str]:
+    usage = cache.ledger.node(NodeName("n"))
+    assert usage is not None
+    return {ref.name for ref in usage.cards[CardIndex(card)].pods.values()}
+
+
+def pod_event(intake: Intake, body: dict[str, Any], version: int, kind: str = MODIFIED) -> None:
+    body["metadata"]["resourceVersion"] = str(version)
+    intake.pod_event(kind, PodInfo.parse(body))
+
+
+async def test_a_gang_member_that_fits_keeps_its_card_while_another_waits_for_its_victim() -> None:
+    api = Api()
+    config = lambda: CONFIG  # noqa: E731
+    intake = Intake(
+        cache=SchedulerCache(config=config, clock=lambda: 1000.0),
+        queue=SchedulingQueue(config=config),
+        gangs=GangBook(),
+        reporter=Reporter(api=api),  # type: ignore[arg-type]
+        labeller=Labeller(api=None, fence=WriteFence(lambda: True), binds=bool),  # type: ignore[arg-type]  # never run here
+    )
+    cache = intake.cache
+    intake.node_event("ADDED", ready_node("n", 40000, 2))  # two cards of 20000 MiB
+    victim = gpu_pod("v", 15000, node="n", index="0", uid="v", phase="Running")
+    victim["metadata"]["annotations"][contract.GPU_ASSIGNED] = "true"
+    pod_event(intake, victim, 2, "ADDED")
+    group = {"metadata": {"name": "job", "namespace": "default", "resourceVersion": "3"}}
+    intake.group_event(GroupApi.VOLCANO, "ADDED", group | {"spec": {"minMember": 2}})
+    for i in range(2):
+        member = gpu_pod(f"m{i}", 15000, uid=f"m{i}")
+        member["metadata"]["annotations"] = {VOLCANO_GROUP_ANNOTATIONS[0]: "job"}
+        member["metadata"]["creationTimestamp"] = f"2026-12-04T10:00:0{i}Z"
+        member["spec"]["priority"] = 100
+        pod_event(intake, member, 10 + i, "ADDED")
+    scheduler = Scheduler(
+        cache=cache,
+        queue=intake.queue,
+        gangs=intake.gangs,
+        api=api,  # type: ignore[arg-type]
+        reporter=intake.reporter,
+        metrics=SchedulerMetrics(),
+        config=config,
+        findings=intake.findings,
+        fence=WriteFence(lambda: True),
+    )
+    assert scheduler.schedule_one(PodUid("m0")) == []  # the gang preempts v for one member
+    await asyncio.sleep(0)  # the eviction goes out
+    assert (on_card(cache, 0), on_card(cache, 1)) == ({"v", "m1"}, {"m0"})
+    leaving = copy.deepcopy(victim)
+    leaving["metadata"]["deletionTimestamp"] = "2026-12-04T10:00:10Z"
+    pod_event(intake, leaving, 20)
+    # Tried again while v leaves: m0, which fits without evicting anyone, keeps card 1.
+    assert scheduler.schedule_one(PodUid("m1")) == []
+    assert on_card(cache, 1) == {"m0"}
+    newcomer = gpu_pod("c", 15000, uid="c")
+    pod_event(intake, newcomer, 30, "ADDED")
+    assert scheduler.schedule_one(PodUid("c")) == []  # no card for it: both are the gang's
+    pod_event(intake, leaving, 40, DELETED)
+    placed = scheduler.schedule_one(PodUid("m0"))
+    # Bound together: m0 now, m1 on the card v left once the device plugin has assigned m0
+    # (the exactness rule: the same request on two cards of a node).
+    assert [d.pod.ref.name for d in placed] == ["m0"]
+    assert (on_card(cache, 0), on_card(cache, 1)) == ({"m1"}, {"m0"})
+    await asyncio.sleep(0)
+    assert api.evicted == ["v"]  # the gang preempted once
