@@ -29,6 +29,9 @@ from gpushare_operator.scheduling.gangs import GangBook
 from gpushare_operator.scheduling.podinfo import PodInfo
 from gpushare_operator.scheduling.queue import SchedulingQueue
 
+DELETED_PODS_KEPT = 10_000
+"""More deletions than land while one read-back is in flight (a second or so)."""
+
 Finding = tuple[str, PodInfo]
 """What the scheduler found of a pod by its own calls: (watch event type, the pod)."""
 
@@ -52,6 +55,9 @@ class Intake:
         self.last_event: dict[str, float] = {}
         """When each kind last had an event (monotonic), for the liveness probe."""
         self._versions: dict[str, int] = {}
+        self._deleted_pods: dict[PodUid, None] = {}
+        """The uids of the latest pods deleted, oldest first: a pod's uid never comes back,
+        so a read of it taken before its deletion (the scheduler's read-back) is stale."""
         self._logged_problems: dict[str, str] = {}
         self._log = logs.get("intake")
 
@@ -75,6 +81,15 @@ class Intake:
         self._versions[key] = version
         return False
 
+    def _deleted_before(self, uid: PodUid, event_type: str) -> bool:
+        """Whether the pod was deleted before this event came (a deletion is recorded)."""
+        if event_type != DELETED:
+            return uid in self._deleted_pods
+        self._deleted_pods[uid] = None
+        if len(self._deleted_pods) > DELETED_PODS_KEPT:
+            del self._deleted_pods[next(iter(self._deleted_pods))]
+        return False
+
     # -- pods ----------------------------------------------------------------------------
 
     def pod_event(self, event_type: str, pod: PodInfo) -> None:
@@ -82,7 +97,9 @@ class Intake:
         the scheduler's findings."""
         self.last_event["pods"] = time.monotonic()
         uid = pod.uid
-        if self._stale(f"pod/{uid}", event_type, pod.resource_version):
+        if self._deleted_before(uid, event_type) or self._stale(
+            f"pod/{uid}", event_type, pod.resource_version
+        ):
             return
         if event_type == DELETED:
             change = self.cache.forget_pod(uid)

@@ -33,6 +33,7 @@ from gpushare.kube.retry import (
     wait_s,
 )
 from gpushare.model import Placement, PodRef, PodUid, contract
+from gpushare.model.bodies import Body, annotations_of, path
 from gpushare.model.gangs import GroupKey, GroupSpec
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.election import WriteFence
@@ -72,6 +73,23 @@ writes its scheduler name where this says gpushare)."""
 class _Decision:
     pod: PodInfo
     plan: Plan
+
+
+def _landed(body: Body, uid: PodUid, node: str, annotations: Mapping[str, str]) -> bool:
+    """Whether `body` shows this decision's Binding landed: the pod bound to `node` with the
+    predicate-time only this decision wrote (a pod without a card: the node alone)."""
+    meta = path(body, "metadata")
+    written = annotations.get(contract.PREDICATE_TIME)
+    return (
+        meta.get("uid") == uid
+        and path(body, "spec").get("nodeName") == node
+        and (written is None or annotations_of(body).get(contract.PREDICATE_TIME) == written)
+    )
+
+
+def _unbound(body: Body, uid: PodUid) -> bool:
+    """Whether `body` is this pod, not bound to any node."""
+    return path(body, "metadata").get("uid") == uid and not path(body, "spec").get("nodeName")
 
 
 class Scheduler:
@@ -412,14 +430,20 @@ class Scheduler:
                     self._findings.put_nowait((DELETED, decision.pod))
                     return
                 if error.status == 409:
-                    # Already bound: by our own earlier attempt, or by a previous leader the
-                    # watch has not shown yet (perhaps on another card). Read the truth now,
-                    # so that the assumption never counts a card the pod does not hold.
-                    self._dropped(pod, log, error)
-                    await self._read_back(decision.pod, log)
+                    if await self._landed_before(decision.pod, node, annotations, log, error):
+                        break  # our own earlier attempt: bound as decided
                     return
                 if not transient(error):
-                    self._requeue(pod, log, f"{error.status}: {error.message}")
+                    # Refused for good (an admission webhook or policy, a bad request): said
+                    # on the pod as kube-scheduler says it, and tried again after a backoff.
+                    reason = f"binding rejected: {error.status}: {error.message}"
+                    self._requeue(pod, log, reason)
+                    self._reporter.unschedulable(
+                        pod,
+                        reason,
+                        decision.pod.resource_version,
+                        already=decision.pod.unschedulable,
+                    )
                     return
                 failure: Exception = error
             except (TimeoutError, OSError) as unanswered:
@@ -438,16 +462,47 @@ class Scheduler:
         log.info("pod_bound", free_after=placement.free_after if placement else None)
         self._reporter.bound(pod, node, placement)
 
-    async def _read_back(self, pod: PodInfo, log: FilteringBoundLogger) -> None:
+    async def _landed_before(
+        self,
+        pod: PodInfo,
+        node: str,
+        annotations: Mapping[str, str],
+        log: FilteringBoundLogger,
+        error: ApiError,
+    ) -> bool:
+        """After a Binding's 409: whether our own earlier attempt landed. Else it was bound
+        by a previous leader the watch has not shown yet (perhaps on another card), or
+        refused (a pod being deleted takes no Binding): the truth read now, so that the
+        assumption never counts a card the pod does not hold."""
+        body = await self._read_back(pod, log)
+        if body is not None and _landed(body, pod.uid, node, annotations):
+            return True
+        if body is not None and _unbound(body, pod.uid):
+            if path(body, "metadata").get("deletionTimestamp"):
+                self.cache.forget_assumed(pod.uid)  # no card while it goes
+                self._dropped(pod.ref, log, error)
+            else:
+                self._requeue(pod.ref, log, f"{error.status}: {error.message}")
+            return False
+        self._dropped(pod.ref, log, error)
+        return False
+
+    async def _read_back(self, pod: PodInfo, log: FilteringBoundLogger) -> Body | None:
+        """The pod as the apiserver has it now, given to the intake as a finding; None when
+        it is gone or cannot be read (the watch corrects the cache then)."""
         try:
             body = await self._api.read_pod(pod.ref)
         except (ApiError, OSError, TimeoutError) as error:
             log.warning("read_back_failed", error=str(error))  # the watch will correct it
-            return
+            return None
         if body is None:
             self._findings.put_nowait((DELETED, pod))
-        else:
-            self._findings.put_nowait((MODIFIED, PodInfo.parse(body)))
+            return None
+        found = PodInfo.parse(body)
+        if found.uid != pod.uid:  # replaced under its name: the pod decided for is gone
+            self._findings.put_nowait((DELETED, pod))
+        self._findings.put_nowait((MODIFIED, found))
+        return body
 
     def _dropped(self, pod: PodRef, log: FilteringBoundLogger, error: ApiError) -> None:
         self.queue.remove(pod.uid)
