@@ -14,10 +14,16 @@ from dataclasses import MISSING, dataclass, fields
 from enum import Enum
 from typing import Any, TypeVar
 
+from gpushare.model.devices import MAX_UNIT_MIB
+
 _N = TypeVar("_N", int, float)
 _E = TypeVar("_E", bound=Enum)
 
 _LOG_LEVELS = ("debug", "info", "warning", "error")
+
+MAX_SECONDS = 86400
+"""The longest duration an option takes, a day: anything longer is a slip (`inf`, a value
+meant in milliseconds)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,6 +145,48 @@ def bounded(
     if not fits:
         raise ValueError(must)
     return value
+
+
+def seconds(raw: str) -> float:
+    """A duration above 0, at most `MAX_SECONDS`."""
+    return bounded(
+        raw,
+        float,
+        low=0.0,
+        above=True,
+        high=float(MAX_SECONDS),
+        must=f"must be a number of seconds above 0 and at most {MAX_SECONDS}",
+    )
+
+
+def seconds_from(least: float, *, meaning: str = "") -> Callable[[str], float]:
+    """A parser of durations from `least` to `MAX_SECONDS`; `meaning`: what `least` itself
+    means, said in the refusal (`0 (never)`)."""
+    said = f" ({meaning})" if meaning else ""
+    must = f"must be a number of seconds from {least:g}{said} to {MAX_SECONDS}"
+
+    def parse(raw: str) -> float:
+        return bounded(raw, float, low=least, high=float(MAX_SECONDS), must=must)
+
+    return parse
+
+
+def memory_unit(raw: str) -> int:
+    """MiB per gpu-memory device: the operator's memory unit, the device plugins' factor."""
+    return bounded(
+        raw,
+        int,
+        low=1,
+        high=MAX_UNIT_MIB,
+        must=f"must be a whole number of MiB from 1 to {MAX_UNIT_MIB}",
+    )
+
+
+def nonblank(raw: str) -> str:
+    """Text with something in it, stripped."""
+    if not raw.strip():
+        raise ValueError("must not be empty")
+    return raw.strip()
 
 
 def one_of(choices: type[_E]) -> Callable[[str], _E]:

@@ -110,33 +110,37 @@ def _text_or_none(raw: str) -> str | None:
     return raw or None
 
 
+def _path(raw: str) -> Path:
+    return Path(options.nonblank(raw))  # Path("") would be the working folder
+
+
 def _socket_dir(raw: str) -> Path:
-    longest = Path(raw) / "volcano-gpu-memory.sock"
+    folder = _path(raw)
+    longest = folder / "volcano-gpu-memory.sock"
     size = len(str(longest).encode())
     if size > _SOCKET_PATH_MAX:
         raise ValueError(
             f"is too long: a unix socket path has at most {_SOCKET_PATH_MAX} bytes and "
             f"{longest} has {size}"
         )
-    return Path(raw)
+    return folder
 
 
 def _factor(raw: str) -> int | None:
     if raw.strip().lower() == AUTO:
         return None
-    return options.bounded(raw, int, low=1, must=f"must be a number >= 1, or {AUTO}")
+    try:
+        return options.memory_unit(raw)
+    except ValueError as error:
+        raise ValueError(f"{error}, or {AUTO}") from None
 
 
 def _mib(raw: str) -> int:
     return options.bounded(raw, int, low=0, high=65536, must="must be MiB from 0 to 65536")
 
 
-def _seconds(raw: str) -> float:
-    return options.bounded(raw, float, low=0.0, must="must be a number >= 0")
-
-
-def _positive_seconds(raw: str) -> float:
-    return options.bounded(raw, float, low=0.0, above=True, must="must be a number > 0")
+_USAGE_INTERVAL_MIN_S = 0.1
+"""A measurement asks NVML about every card and reads /proc: more often only burns CPU."""
 
 
 # The health options have no PluginConfig field of their own: together they make `health`.
@@ -213,21 +217,22 @@ OPTIONS = (
         field=_HEALTH_RECOVERY,
         env="GPUSHARE_HEALTH_RECOVERY_SECONDS",
         flag="--health-recovery-seconds",
-        parse=_seconds,
+        parse=options.seconds_from(0),
         help="seconds without a new XID after which an Unhealthy card is Healthy again",
     ),
     Option(
         field="allocate_wait_s",
         env="GPUSHARE_ALLOCATE_WAIT_SECONDS",
         flag="--allocate-wait-seconds",
-        parse=_seconds,
-        help="seconds Allocate waits for the operator's assignment of the pod",
+        parse=options.seconds_from(0, meaning="no wait"),
+        help="seconds Allocate waits for the operator's assignment of the pod to reach the "
+        "plugin's pod watch (0: none, a pod the watch does not show yet fails at once)",
     ),
     Option(
         field="heartbeat_s",
         env="GPUSHARE_HEARTBEAT_SECONDS",
         flag="--heartbeat-seconds",
-        parse=_positive_seconds,
+        parse=options.seconds,
         help="seconds between heartbeats on the node's GPUNode (the operator marks it Stale "
         "after its --plugin-stale-after, 90 s by default)",
     ),
@@ -272,14 +277,14 @@ OPTIONS = (
         field="usage_interval_s",
         env="GPUSHARE_USAGE_INTERVAL_SECONDS",
         flag="--usage-interval-seconds",
-        parse=_positive_seconds,
+        parse=options.seconds_from(_USAGE_INTERVAL_MIN_S),
         help="seconds between measurements of what each container's processes hold",
     ),
     Option(
         field="proc_root",
         env="GPUSHARE_PROC_ROOT",
         flag="--proc-root",
-        parse=Path,
+        parse=_path,
         help="where the node's processes are seen (the host's /proc: the DaemonSet has hostPID)",
     ),
     Option(

@@ -95,39 +95,14 @@ class OperatorConfig:
         )
 
 
-_MAX_SECONDS = 86400
-
-
-def _seconds(raw: str) -> float:
-    return options.bounded(
-        raw,
-        float,
-        low=0.0,
-        above=True,
-        high=float(_MAX_SECONDS),
-        must=f"must be a number of seconds above 0 and at most {_MAX_SECONDS}",
-    )
-
-
 _SECONDS_SCHEMA = {
     "type": "number",
     "minimum": 0,
     "exclusiveMinimum": True,
-    "maximum": _MAX_SECONDS,
+    "maximum": options.MAX_SECONDS,
 }
 
-
-def _seconds_or_never(raw: str) -> float:
-    return options.bounded(
-        raw,
-        float,
-        low=0.0,
-        high=float(_MAX_SECONDS),
-        must=f"must be a number of seconds from 0 (never) to {_MAX_SECONDS}",
-    )
-
-
-_SECONDS_OR_NEVER_SCHEMA = {"type": "number", "minimum": 0, "maximum": _MAX_SECONDS}
+_SECONDS_OR_NEVER_SCHEMA = {"type": "number", "minimum": 0, "maximum": options.MAX_SECONDS}
 
 
 def _count(raw: str) -> int:
@@ -136,27 +111,11 @@ def _count(raw: str) -> int:
     )
 
 
-def _unit(raw: str) -> int:
-    return options.bounded(
-        raw,
-        int,
-        low=1,
-        high=MAX_UNIT_MIB,
-        must=f"must be a whole number of MiB from 1 to {MAX_UNIT_MIB}",
-    )
-
-
 def _hosts(raw: str) -> frozenset[str]:
     hosts = frozenset(part.strip() for part in raw.split(",") if part.strip())
     if not hosts:
         raise ValueError("must name at least one host")
     return hosts
-
-
-def _text(raw: str) -> str:
-    if not raw.strip():
-        raise ValueError("must not be empty")
-    return raw.strip()
 
 
 OPTIONS = (
@@ -189,7 +148,7 @@ OPTIONS = (
         flag="--assignment-timeout",
         live="assignmentTimeoutSeconds",
         schema=_SECONDS_SCHEMA,
-        parse=_seconds,
+        parse=options.seconds,
         help="seconds a placement waits behind an unassigned pod of the same request on the "
         "same node before going ahead",
     ),
@@ -199,7 +158,7 @@ OPTIONS = (
         flag="--bind-timeout",
         live="bindTimeoutSeconds",
         schema=_SECONDS_SCHEMA,
-        parse=_seconds,
+        parse=options.seconds,
         help="seconds for one Binding call",
     ),
     Option(
@@ -208,7 +167,7 @@ OPTIONS = (
         flag="--backoff-initial",
         live="backoffInitialSeconds",
         schema=_SECONDS_SCHEMA,
-        parse=_seconds,
+        parse=options.seconds,
         help="first retry backoff after a failed bind, seconds",
     ),
     Option(
@@ -217,7 +176,7 @@ OPTIONS = (
         flag="--backoff-max",
         live="backoffMaxSeconds",
         schema=_SECONDS_SCHEMA,
-        parse=_seconds,
+        parse=options.seconds,
         help="longest retry backoff after a failed bind, seconds",
     ),
     Option(
@@ -226,7 +185,7 @@ OPTIONS = (
         flag="--unschedulable-retry",
         live="unschedulableRetrySeconds",
         schema=_SECONDS_SCHEMA,
-        parse=_seconds,
+        parse=options.seconds,
         help="seconds after which an unschedulable pod is tried again even if nothing changed",
     ),
     Option(
@@ -235,7 +194,7 @@ OPTIONS = (
         flag="--gang-timeout",
         live="gangTimeoutSeconds",
         schema=_SECONDS_SCHEMA,
-        parse=_seconds,
+        parse=options.seconds,
         help="seconds after its PodGroup's creation that a gang still short of minMember pods "
         "is reported timed out (a coscheduling PodGroup's scheduleTimeoutSeconds wins)",
     ),
@@ -257,42 +216,42 @@ OPTIONS = (
         field="lease_namespace",
         env="GPUSHARE_LEASE_NAMESPACE",
         flag="--lease-namespace",
-        parse=_text,
+        parse=options.nonblank,
         help="namespace of the Lease",
     ),
     Option(
         field="lease_name",
         env="GPUSHARE_LEASE_NAME",
         flag="--lease-name",
-        parse=_text,
+        parse=options.nonblank,
         help="name of the Lease",
     ),
     Option(
         field="lease_duration_s",
         env="GPUSHARE_LEASE_DURATION",
         flag="--lease-duration",
-        parse=_seconds,
+        parse=options.seconds,
         help="seconds a Lease lasts without renewal",
     ),
     Option(
         field="renew_deadline_s",
         env="GPUSHARE_RENEW_DEADLINE",
         flag="--renew-deadline",
-        parse=_seconds,
+        parse=options.seconds,
         help="seconds the leader has to renew before it stops binding",
     ),
     Option(
         field="retry_period_s",
         env="GPUSHARE_RETRY_PERIOD",
         flag="--retry-period",
-        parse=_seconds,
+        parse=options.seconds,
         help="seconds between tries to take or renew the Lease",
     ),
     Option(
         field="identity",
         env="GPUSHARE_IDENTITY",
         flag="--identity",
-        parse=_text,
+        parse=options.nonblank,
         help="this replica's name in the Lease; default $POD_NAME, else host-pid",
     ),
     Option(
@@ -306,7 +265,7 @@ OPTIONS = (
         field="status_interval_s",
         env="GPUSHARE_STATUS_INTERVAL",
         flag="--status-interval",
-        parse=_seconds,
+        parse=options.seconds,
         help="seconds between GPUNode status updates",
     ),
     Option(
@@ -321,7 +280,7 @@ OPTIONS = (
         field="plugin_stale_after_s",
         env="GPUSHARE_PLUGIN_STALE_AFTER",
         flag="--plugin-stale-after",
-        parse=_seconds,
+        parse=options.seconds,
         help="seconds without a device plugin's heartbeat after which its GPUNode is Stale "
         "(and not Ready): three of the plugins' --heartbeat-seconds",
     ),
@@ -338,7 +297,7 @@ OPTIONS = (
         flag="--memory-unit-mib",
         live="memoryUnitMiB",
         schema={"type": "integer", "minimum": 1, "maximum": MAX_UNIT_MIB},
-        parse=_unit,
+        parse=options.memory_unit,
         help="MiB per gpu-memory device, the device plugins' GPU_MEMORY_FACTOR: the admission "
         "webhook converts new pods' limits to it",
     ),
@@ -379,7 +338,7 @@ OPTIONS = (
         flag="--over-use-grace",
         live="overUseGraceSeconds",
         schema=_SECONDS_SCHEMA,
-        parse=_seconds,
+        parse=options.seconds,
         help="seconds a container stays over its grant before the over-use policy acts",
     ),
     Option(
@@ -388,7 +347,7 @@ OPTIONS = (
         flag="--over-use-delete-after",
         live="overUseDeleteAfterSeconds",
         schema=_SECONDS_OR_NEVER_SCHEMA,
-        parse=_seconds_or_never,
+        parse=options.seconds_from(0, meaning="never"),
         help="with Evict: seconds the evictions of a pod over its grant may be refused (its "
         "PodDisruptionBudgets, which a tenant may create) before it is deleted instead; 0: never, "
         "the budgets always decide",
@@ -420,7 +379,7 @@ OPTIONS = (
         flag="--defrag-interval",
         live="defragmentationIntervalSeconds",
         schema=_SECONDS_SCHEMA,
-        parse=_seconds,
+        parse=options.seconds,
         help="seconds between two defragmentation plans (with Auto: between two waiting pods' "
         "moves)",
     ),
@@ -435,7 +394,7 @@ OPTIONS = (
         field="webhook_address",
         env="GPUSHARE_WEBHOOK_ADDRESS",
         flag="--webhook-address",
-        parse=_text,
+        parse=options.nonblank,
         help="address the admission webhook listens on (0.0.0.0 in a pod, for its Service)",
     ),
     Option(
@@ -450,7 +409,7 @@ OPTIONS = (
         field="webhook_secret",
         env="GPUSHARE_WEBHOOK_SECRET",
         flag="--webhook-secret",
-        parse=_text,
+        parse=options.nonblank,
         help="Secret in the Lease's namespace holding the webhook's CA and certificate (made "
         "by the first replica, shared by all)",
     ),
@@ -458,7 +417,7 @@ OPTIONS = (
         field="webhook_configuration",
         env="GPUSHARE_WEBHOOK_CONFIGURATION",
         flag="--webhook-configuration",
-        parse=_text,
+        parse=options.nonblank,
         help="MutatingWebhookConfiguration whose caBundle the operator keeps current",
     ),
     Option(

@@ -66,6 +66,42 @@ def test_every_problem_is_reported_at_once() -> None:
 
 
 @pytest.mark.parametrize(
+    ("variable", "raw", "told"),
+    [
+        (
+            "GPUSHARE_HEARTBEAT_SECONDS",
+            "inf",
+            "must be a number of seconds above 0 and at most 86400",
+        ),
+        (
+            "GPUSHARE_ALLOCATE_WAIT_SECONDS",
+            "inf",
+            "must be a number of seconds from 0 (no wait) to 86400",
+        ),
+        ("GPUSHARE_HEALTH_RECOVERY_SECONDS", "1e6", "must be a number of seconds from 0 to 86400"),
+        (
+            "GPUSHARE_USAGE_INTERVAL_SECONDS",
+            "1e-9",
+            "must be a number of seconds from 0.1 to 86400",
+        ),
+        (
+            "GPU_MEMORY_FACTOR",
+            "1048577",
+            "must be a whole number of MiB from 1 to 1048576, or auto",
+        ),
+        ("GPUSHARE_SOCKET_DIR", "", "must not be empty"),
+        ("GPUSHARE_PROC_ROOT", " ", "must not be empty"),
+    ],
+)
+def test_a_value_out_of_its_range_is_refused_naming_the_range(
+    variable: str, raw: str, told: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load({}, {"NODE_NAME": "n", variable: raw})
+    assert str(refused.value) == f"{variable}={raw!r}: {told}"
+
+
+@pytest.mark.parametrize(
     ("raw", "frameworks"),
     [
         ("pytorch,jax,tensorflow", set(Framework)),
