@@ -145,7 +145,20 @@ class Allocator:
         it, and every pod behind it waits on this lock. The kubelet's records are read again
         for each try."""
         started = time.monotonic()
-        await asyncio.wait_for(self._pods.synced.wait(), timeout=self._wait_s)
+        # Python 3.11's wait_for(timeout=0) times out even on an event already set.
+        if not self._pods.synced.is_set():
+            try:
+                await asyncio.wait_for(self._pods.synced.wait(), timeout=self._wait_s)
+            except TimeoutError:
+                raise NoCandidate(
+                    f"the device plugin on node {self._table.node} has not read the pods bound "
+                    f"there from the apiserver yet (it waited {self._wait_s:g} s, "
+                    f"--allocate-wait-seconds), so it cannot tell which card this pod was "
+                    f"given: the kubelet fails the pod (UnexpectedAdmissionError) and does not "
+                    f"try it again. Create the pod again (its controller does) once the "
+                    f"plugin's log on the node says 'pods on node listed'; until it does, its "
+                    f"log says why it cannot list them"
+                ) from None
         listed_again = False
         records_s = 0.0
         while True:

@@ -106,9 +106,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             grants = await self._allocator.allocate(
                 self.kind, [list(r.devices_ids) for r in request.container_requests]
             )
-        except (NoCandidate, TimeoutError) as refusal:
-            message = str(refusal) or "the pod watch has not synced yet; the kubelet will retry"
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, message)
+        except NoCandidate as refusal:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(refusal))
         return api_pb2.AllocateResponse(
             container_responses=[
                 api_pb2.ContainerAllocateResponse(

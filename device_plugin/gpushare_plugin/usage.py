@@ -150,8 +150,9 @@ class UsageMeter:
                 try:
                     grant = container_grant(pod, position, inventory, listing=self._listing)
                 except NoCandidate:
-                    # Its card gone or unhealthy since, its node's unit changed: what it was
-                    # given cannot be told, so its use is shown and never judged.
+                    # Its card gone or unhealthy since, its node's unit changed, its memory
+                    # record edited out of shape: what it was given cannot be told, so its use
+                    # is shown and never judged.
                     for container in pod.request.containers:
                         grants.setdefault((pod.ref.uid, container.name), UNKNOWN_GRANT)
                     break

@@ -391,7 +391,10 @@ def _allocated_mib(
 ) -> tuple[int, str | None]:
     """The MiB a gpu-memory container asked: as recorded at admission, else (a pod created
     before the webhook) its limit in the node's unit. A pod converted to another unit than
-    the node's is refused: the kubelet's devices would give it other memory than it asked."""
+    the node's is refused: the kubelet's devices would give it other memory than it asked;
+    so is one whose record was edited out of shape."""
+    if pod.asked_problem is not None:
+        raise Unservable(f"refusing {pod.asked_problem}")
     if pod.asked is None:
         return container.amount * inventory.unit_mib, None
     if pod.asked.unit_mib != inventory.unit_mib:

@@ -13,7 +13,7 @@ from gpushare.model.annotations import gpu_assigned, predicate_time_ns
 from gpushare.model.bodies import Body, annotations_of, describe, path, sequence, text
 from gpushare.model.errors import GpuShareError
 from gpushare.model.limits import Framework, pod_frameworks
-from gpushare.model.request import ContainerRequest, PodRequest, gpu_request
+from gpushare.model.request import ContainerRequest, GpuKind, PodRequest, gpu_request
 from gpushare.model.usage import FINISHED_PHASES, PodRef, pod_ref
 
 
@@ -37,7 +37,11 @@ class BoundPod:
     on the node directly with spec.nodeName, which no scheduler ever saw."""
     problem: str | None = None
     asked: MemoryAsked | None = None
-    """What the admission webhook recorded: the unit and each container's MiB."""
+    """What the admission webhook recorded for a gpu-memory pod: the unit and each container's
+    MiB."""
+    asked_problem: str | None = None
+    """Why a gpu-memory pod's record of what it asked cannot be read (edited out of shape):
+    Allocate refuses it with this."""
     env_names: Mapping[str, frozenset[str]] = field(default_factory=dict)
     """Each container's own env names (its values win over what Allocate returns)."""
     container_ids: Mapping[str, str] = field(default_factory=dict)
@@ -70,13 +74,19 @@ def bound_pod(pod: Body) -> BoundPod:
     meta = path(pod, "metadata")
     annotations = annotations_of(pod)
     request: PodRequest | None
-    problem = None
+    problem = asked_problem = None
     asked = None
     try:
         request = gpu_request(pod)
-        asked = memory_asked(annotations, owner=describe(pod, "pod"))
     except GpuShareError as error:
         request, problem = None, str(error)
+    if request is not None and request.kind is GpuKind.MEMORY:
+        # Read for gpu-memory pods alone, as the operator reads them: on a whole-card pod the
+        # memory annotations mean nothing, whatever stray value they hold.
+        try:
+            asked = memory_asked(annotations, owner=describe(pod, "pod"))
+        except GpuShareError as error:
+            asked_problem = str(error)
     status = path(pod, "status")
     phase = text(status.get("phase"))
     spec = path(pod, "spec")
@@ -96,6 +106,7 @@ def bound_pod(pod: Body) -> BoundPod:
         ),
         problem=problem,
         asked=asked,
+        asked_problem=asked_problem,
         env_names={
             text(c.get("name")) or "": frozenset(
                 text(e.get("name")) or "" for e in sequence(c.get("env")) if isinstance(e, dict)

@@ -12,6 +12,7 @@ and the kubelet's calls over the plugin's socket."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -215,17 +216,12 @@ async def test_a_mark_refused_for_good_or_for_a_pod_gone_is_dropped(tmp_path: Pa
     assert cache.to_mark.empty()  # "a" refused, "b" gone: neither queued again
 
 
-@pytest.mark.asyncio
-async def test_the_kubelet_is_steered_to_the_granted_card_and_told_a_refusal_s_reason(
-    tmp_path: Path,
-) -> None:
-    """The kubelet's calls over the plugin's socket: GetPreferredAllocation names ids on the
-    pod's card, Allocate gives its env, an Allocate no pod waits for fails with the reason."""
-    allocator, _, _ = plugin(tmp_path, pod("a", 1, card="1"))
-    table = allocator._table
+@contextlib.asynccontextmanager
+async def on_its_socket(tmp_path: Path, allocator: Allocator) -> AsyncIterator[Any]:
+    """The allocator's gpu-memory servicer on a unix socket: the kubelet's stub of it."""
     server = grpc.aio.server()
     servicer = DevicePluginServicer(
-        kind=GpuKind.MEMORY, table=table, allocator=allocator, metrics=PluginMetrics()
+        kind=GpuKind.MEMORY, table=allocator._table, allocator=allocator, metrics=PluginMetrics()
     )
     api_pb2_grpc.add_DevicePluginServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     socket = tmp_path / "memory.sock"
@@ -233,38 +229,108 @@ async def test_the_kubelet_is_steered_to_the_granted_card_and_told_a_refusal_s_r
     await server.start()
     try:
         async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
-            kubelet = api_pb2_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
-            listed = await anext(kubelet.ListAndWatch(api_pb2.Empty()).__aiter__())
-            available = [d.ID for d in listed.devices]
-            preferred = await kubelet.GetPreferredAllocation(
-                api_pb2.PreferredAllocationRequest(
-                    container_requests=[
-                        api_pb2.ContainerPreferredAllocationRequest(
-                            available_deviceIDs=available, allocation_size=UNITS
-                        )
-                    ]
-                )
-            )
-            chosen = list(preferred.container_responses[0].deviceIDs)
-            assert {i.split("-")[0] for i in chosen} == {"1"}
-            answer = await kubelet.Allocate(
-                api_pb2.AllocateRequest(
-                    container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=chosen)]
-                )
-            )
-            assert answer.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == "1"
-            with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await kubelet.Allocate(
-                    api_pb2.AllocateRequest(
-                        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=chosen)]
-                    )
-                )
-            assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
-            assert "no pod bound to node n waits for a container of 16" in str(
-                refused.value.details()
-            )
+            yield api_pb2_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
     finally:
         await server.stop(None)
+
+
+async def kubelet_prefers(kubelet: Any, available: list[str]) -> list[str]:
+    """The kubelet's GetPreferredAllocation over the socket for one container of UNITS."""
+    preferred = await kubelet.GetPreferredAllocation(
+        api_pb2.PreferredAllocationRequest(
+            container_requests=[
+                api_pb2.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=available, allocation_size=UNITS
+                )
+            ]
+        )
+    )
+    return list(preferred.container_responses[0].deviceIDs)
+
+
+async def kubelet_allocates(kubelet: Any, ids: list[str]) -> api_pb2.AllocateResponse:
+    """The kubelet's Allocate over the socket for one container of `ids`."""
+    request = api_pb2.AllocateRequest(
+        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids)]
+    )
+    answer: api_pb2.AllocateResponse = await kubelet.Allocate(request)
+    return answer
+
+
+@pytest.mark.asyncio
+async def test_the_kubelet_is_steered_to_the_granted_card_and_told_a_refusal_s_reason(
+    tmp_path: Path,
+) -> None:
+    """The kubelet's calls over the plugin's socket: GetPreferredAllocation names ids on the
+    pod's card, Allocate gives its env, an Allocate no pod waits for fails with the reason."""
+    allocator, _, _ = plugin(tmp_path, pod("a", 1, card="1"))
+    async with on_its_socket(tmp_path, allocator) as kubelet:
+        listed = await anext(kubelet.ListAndWatch(api_pb2.Empty()).__aiter__())
+        chosen = await kubelet_prefers(kubelet, [d.ID for d in listed.devices])
+        assert {i.split("-")[0] for i in chosen} == {"1"}
+        answer = await kubelet_allocates(kubelet, chosen)
+        assert answer.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == "1"
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await kubelet_allocates(kubelet, chosen)
+    assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "no pod bound to node n waits for a container of 16" in str(refused.value.details())
+
+
+@pytest.mark.asyncio
+async def test_a_start_before_the_plugin_listed_the_pods_is_refused_with_what_happens_and_the_fix(
+    tmp_path: Path,
+) -> None:
+    # The plugin just started and its LIST of the node's pods has not come back (a slow or
+    # unreachable apiserver): the kubelet is given its own ids to prefer, then Allocate
+    # refuses the pod, saying what becomes of it and what to do.
+    allocator, _, _ = plugin(tmp_path, wait_s=0.1, api=Api())
+    async with on_its_socket(tmp_path, allocator) as kubelet:
+        assert await kubelet_prefers(kubelet, GRANT) == GRANT
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await kubelet_allocates(kubelet, GRANT)
+    assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    told = str(refused.value.details())
+    assert "the device plugin on node n has not read the pods bound there" in told
+    assert "the kubelet fails the pod (UnexpectedAdmissionError) and does not try it again" in told
+    assert "'pods on node listed'" in told
+
+
+@pytest.mark.asyncio
+async def test_with_no_allocate_wait_a_pod_the_watch_shows_is_served(tmp_path: Path) -> None:
+    allocator, _, _ = plugin(tmp_path, pod("a", 1, card="1"), wait_s=0)
+    assert await allocate(allocator) == ("a", "1")
+
+
+@pytest.mark.asyncio
+async def test_a_whole_card_pod_is_served_whatever_stray_memory_annotation_it_carries(
+    tmp_path: Path,
+) -> None:
+    # The memory annotations mean something only on gpu-memory pods: the operator places a
+    # gpu-number pod whatever they say, so the plugin serves it.
+    whole = gpu_pod("whole", number=1, node="n", index="1", uid="whole")
+    whole["metadata"]["annotations"][contract.GPU_MEMORY_MIB] = "cuda-container=1024"
+    allocator, _, _ = plugin(tmp_path, bound_pod(whole), wait_s=3600)
+    card = allocator._table.cards[1]
+    async with asyncio.timeout(5):
+        (grant,) = await allocator.allocate(GpuKind.NUMBER, [[card.uuid]])
+    assert (grant.pod.name, grant.env["NVIDIA_VISIBLE_DEVICES"]) == ("whole", "1")
+
+
+@pytest.mark.asyncio
+async def test_a_pod_whose_memory_record_was_edited_out_of_shape_is_refused_at_once_saying_so(
+    tmp_path: Path,
+) -> None:
+    edited = gpu_pod("edited", UNITS, node="n", index="0", uid="edited")
+    edited["metadata"]["annotations"][contract.GPU_MEMORY_MIB] = "cuda-container=1024"
+    allocator, _, _ = plugin(tmp_path, bound_pod(edited), wait_s=3600)
+    async with asyncio.timeout(5):
+        with pytest.raises(NoCandidate) as refused:
+            await allocate(allocator)
+    assert str(refused.value) == (
+        f"refusing pod default/edited: annotation {contract.MEMORY_UNIT_MIB}=None is not a "
+        f"whole number of MiB; delete the pod and create it again (the gpushare admission "
+        f"webhook writes both)"
+    )
 
 
 @pytest.mark.asyncio
