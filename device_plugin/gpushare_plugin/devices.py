@@ -26,11 +26,15 @@ class DeviceTable:
         cards: Sequence[DiscoveredCard],
         unit_mib: int,
         strategy: DeviceListStrategy = DeviceListStrategy.ENVVAR,
+        serves: frozenset[str] = frozenset({contract.DEFAULT_SCHEDULER_NAME}),
     ) -> None:
         self.node = node
         self.cards = tuple(sorted(cards, key=lambda c: c.index))
         self.unit_mib = unit_mib
         self.strategy = strategy
+        self.serves = serves
+        """The pods' schedulerNames served: published, so that the operator places no pod of
+        another here (the plugin would refuse its Allocate)."""
         """How containers are told their cards: published, so that an admin sees which nodes
         let an image's or envFrom's NVIDIA_VISIBLE_DEVICES name cards (envvar)."""
         self.identifies_pods = False
@@ -101,6 +105,7 @@ class DeviceTable:
             "pluginVersion": plugin_version,
             "identifiesPods": self.identifies_pods,
             "deviceListStrategy": self.strategy.value,
+            "schedulerNames": sorted(self.serves),
         }
 
     def inventory(self) -> NodeInventory:

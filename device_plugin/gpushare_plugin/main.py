@@ -69,7 +69,11 @@ async def run(config: PluginConfig, stop: asyncio.Event) -> int:
             await stop.wait()
             return 0
         table = DeviceTable(
-            node=config.node_name, cards=cards, unit_mib=1, strategy=config.device_list_strategy
+            node=config.node_name,
+            cards=cards,
+            unit_mib=1,
+            strategy=config.device_list_strategy,
+            serves=config.scheduler_names,
         )
         try:
             table.unit_mib = choose_unit(config, table)

@@ -60,6 +60,9 @@ class NodeInventory:
     identifies_pods: bool = False
     """The node's device plugin learns from the kubelet which pod each Allocate is for
     (GPUNode `spec.identifiesPods`): the exactness rule need not hold its cards back."""
+    serves: frozenset[str] | None = None
+    """The pods' schedulerNames the node's device plugin serves (GPUNode
+    `spec.schedulerNames`); None: a plugin that does not say."""
 
     def card(self, index: CardIndex) -> Card | None:
         for card in self.cards:
@@ -164,12 +167,18 @@ def inventory_from_spec(name: NodeName, spec: Body) -> NodeInventory | None:
         raise InvalidInventory(
             f"{who}: spec.identifiesPods {identifies_pods!r} must be true or false"
         )
+    serves = spec.get("schedulerNames")
+    if serves is not None and (
+        not isinstance(serves, list) or not all(isinstance(n, str) and n for n in serves)
+    ):
+        raise InvalidInventory(f"{who}: spec.schedulerNames {serves!r} must be a list of names")
     return NodeInventory(
         node=name,
         cards=tuple(sorted(cards, key=lambda c: c.index)),
         unit_mib=unit,
         source=InventorySource.RESOURCE,
         identifies_pods=identifies_pods,
+        serves=None if serves is None else frozenset(serves),
     )
 
 

@@ -79,6 +79,25 @@ def unit_check(ledger: Ledger, unit_mib: int | None, check: NodeCheck | None) ->
     return checked
 
 
+def served_check(ledger: Ledger, scheduler_name: str | None, check: NodeCheck | None) -> NodeCheck:
+    """`check`, and that the node's device plugin serves pods of `scheduler_name`: it refuses
+    the Allocate of any other, and the kubelet then fails the pod."""
+    nodes = ledger.nodes()
+
+    def checked(node: NodeName) -> str | None:
+        usage = nodes.get(node)
+        serves = usage.inventory.serves if usage is not None else None
+        if serves is not None and scheduler_name not in serves:
+            return (
+                f"its device plugin serves pods of schedulerName {', '.join(sorted(serves))}, not "
+                f"{scheduler_name} (add {scheduler_name} to the plugin's GPUSHARE_SCHEDULER_NAMES; "
+                f"Helm's schedulerNames sets the operator's and the plugins' together)"
+            )
+        return None if check is None else check(node)
+
+    return checked
+
+
 class _Checker:
     """A NodeCheck asked at most once per node within one decision, and the CardCheck."""
 

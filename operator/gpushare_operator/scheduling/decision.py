@@ -25,7 +25,7 @@ from gpushare.model import (
     find_placement,
 )
 from gpushare.model.filters import PodNeeds, choose_node
-from gpushare.model.placement import Policy, unit_check
+from gpushare.model.placement import Policy, served_check, unit_check
 from gpushare.model.usage import PodUid
 from gpushare_operator.scheduling.cache import SchedulerCache
 from gpushare_operator.scheduling.exactness import ExactnessCheck
@@ -97,7 +97,11 @@ def _place(
     (`QUIET_WAIT_S`), then the next best."""
     request, needs = demand.request, demand.needs
     exactness = cache.card_check(request, namespace)
-    node_check = unit_check(cache.ledger, demand.unit_mib, cache.node_check(needs))
+    node_check = unit_check(
+        cache.ledger,
+        demand.unit_mib,
+        served_check(cache.ledger, demand.scheduler_name, cache.node_check(needs)),
+    )
     best = None
     if waited_for is not None:
         best = find_placement(

@@ -42,6 +42,8 @@ class Demand:
     unit_mib: int | None = None
     """The MiB per device a gpu-memory pod's limits were converted to at admission; None
     for a pod created before the webhook (read in the unit of whichever node it lands on)."""
+    scheduler_name: str | None = None
+    """The pod's spec.schedulerName: a node's device plugin serves only the names it is told."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,7 +142,7 @@ class PodInfo:
             if request.kind is GpuKind.MEMORY:
                 asked = memory_asked(annotations_of(self.body), owner=f"pod {self.ref}")
             unit_mib = None if asked is None else asked.unit_mib
-            demand = Demand(request, pod_needs(self.body), unit_mib)
+            demand = Demand(request, pod_needs(self.body), unit_mib, self.scheduler_name)
         except GpuShareError as error:
             return str(error)
         return unsupported(self.body) or demand

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from gpushare.model import CardIndex, NodeName, PodRef, PodUid, format_card_indices
 from gpushare.model.gangs import GroupSpec, held_min_member
-from gpushare.model.placement import Policy, unit_check
+from gpushare.model.placement import Policy, served_check, unit_check
 from gpushare.model.preemption import (
     Cost,
     GangHold,
@@ -320,7 +320,9 @@ def _kept(cache: SchedulerCache, nomination: Nomination) -> Refusal | None:
 
 def node_check_for(cache: SchedulerCache, demand: Demand) -> NodeCheckWithout:
     """The pod's filters on a node once some pods are gone: its memory unit, and the rest."""
-    units = unit_check(cache.ledger, demand.unit_mib, None)
+    units = unit_check(
+        cache.ledger, demand.unit_mib, served_check(cache.ledger, demand.scheduler_name, None)
+    )
     without = cache.node_check_without(demand.needs)
 
     def check(node: NodeName, gone: frozenset[PodUid]) -> str | None:

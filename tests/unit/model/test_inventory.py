@@ -175,3 +175,17 @@ def test_a_gpunode_says_whether_its_plugin_identifies_pods_and_nothing_else_pass
     resource["spec"]["identifiesPods"] = "yes"
     with pytest.raises(InvalidInventory, match=r"spec\.identifiesPods 'yes' must be true or false"):
         node_inventory(node(), resource)
+
+
+def test_a_gpunode_says_which_scheduler_names_its_plugin_serves_and_nothing_else_passes() -> None:
+    resource = gpunode([{"index": 0, "uuid": "GPU-0", "memoryMiB": 1024}])
+    found = node_inventory(node(), resource)
+    assert found is not None
+    assert found.serves is None  # an older plugin: not checked
+    resource["spec"]["schedulerNames"] = ["gpushare", "volcano"]
+    found = node_inventory(node(), resource)
+    assert found is not None
+    assert found.serves == frozenset({"gpushare", "volcano"})
+    resource["spec"]["schedulerNames"] = "volcano"
+    with pytest.raises(InvalidInventory, match=r"spec\.schedulerNames 'volcano' must be a list"):
+        node_inventory(node(), resource)

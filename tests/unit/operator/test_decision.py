@@ -164,3 +164,34 @@ def test_a_pod_the_webhook_never_converted_is_told_why_it_asks_so_much_and_what_
     refused = plan(cache, pod, Policy.BESTFIT)
     assert isinstance(refused, Refusal)
     assert "never converted" not in refused.message
+
+
+def test_a_pod_goes_only_where_the_device_plugin_serves_its_scheduler_name() -> None:
+    # The operator serves "volcano" and "team-a" (say a live GPUShareConfig added it); node n's
+    # plugin serves only "volcano", m's both.
+    config = OperatorConfig(scheduler_names=frozenset({"volcano", "team-a"}))
+    cache = SchedulerCache(config=lambda: config)
+    for name, serves in (("n", ["volcano"]), ("m", ["team-a", "volcano"])):
+        node = capacity_node(name, 20000, 2)
+        node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+        node["status"]["allocatable"] = {**node["status"]["capacity"], "pods": "110"}
+        cache.observe_node(node)
+        inventory = gpunode_resource(name, [10000, 10000])
+        inventory["spec"]["schedulerNames"] = serves
+        cache.observe_gpunode(inventory)
+    body = gpu_pod("t", 6000, uid="ut")
+    body["spec"]["schedulerName"] = "team-a"
+    pod = PodInfo.parse(body)
+    cache.observe_pod(pod)
+    outcome = plan(cache, pod, Policy.BESTFIT)
+    assert isinstance(outcome, Plan)
+    assert outcome.node == "m"
+    inventory = gpunode_resource("m", [10000, 10000])
+    inventory["spec"]["schedulerNames"] = ["volcano"]  # its plugin restarted without team-a
+    cache.observe_gpunode(inventory)
+    refused = plan(cache, pod, Policy.BESTFIT)
+    assert isinstance(refused, Refusal)
+    assert (
+        "n: its device plugin serves pods of schedulerName volcano, not team-a (add team-a to "
+        "the plugin's GPUSHARE_SCHEDULER_NAMES" in refused.message
+    )

@@ -427,6 +427,7 @@ async def test_the_inventory_is_owned_by_the_node_and_metrics_count_allocations(
     assert (spec["memoryUnitMiB"], spec["pluginVersion"]) == (1, "0.1.0")
     # The default: an admin sees that containers are told their cards by env alone.
     assert spec["deviceListStrategy"] == "envvar"
+    assert spec["schedulerNames"] == ["volcano"]  # the operator places no other pods here
     assert [(c["index"], c["memoryMiB"], c["health"]) for c in spec["cards"]] == [
         (0, 11178, "Healthy"),
         (1, 11178, "Healthy"),
