@@ -157,10 +157,17 @@ async def cleanup(*, memo: Any, **_: Any) -> None:
 async def config_event(*, type: str, body: kopf.Body, memo: Any, **_: Any) -> None:
     state = runtime(memo)
     name = str(body.metadata.name)
-    accepted, message = await state.apply_config(type, name, mapping(body.get("spec")))
-    if type != "DELETED" and mapping(body.get("status")).get("message") != message:
+    status = mapping(body.get("status"))
+    in_force = status.get("inForce")
+    verdict = await state.apply_config(
+        type, name, mapping(body.get("spec")), in_force if isinstance(in_force, dict) else None
+    )
+    said = (status.get("message"), status.get("inForce"))
+    if type != "DELETED" and said != (verdict.message, verdict.in_force):
         try:
-            await state.api.report_config(name, accepted=accepted, message=message)
+            await state.api.report_config(
+                name, accepted=verdict.accepted, message=verdict.message, in_force=verdict.in_force
+            )
         except kube.ApiError as error:
             logs.get("operator").warning("config_status_failed", error=str(error))
 

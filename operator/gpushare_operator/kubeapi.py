@@ -128,7 +128,12 @@ class SchedulerApi(Protocol):
         its status is written on the object, as Volcano's scheduler writes it)."""
         ...
 
-    async def report_config(self, name: str, *, accepted: bool, message: str) -> None: ...
+    async def report_config(
+        self, name: str, *, accepted: bool, message: str, in_force: Mapping[str, Any] | None
+    ) -> None:
+        """The GPUShareConfig's status: `in_force`, the spec in force (None: the environment's
+        values alone), is read back after a restart."""
+        ...
 
     async def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
@@ -514,8 +519,12 @@ class KubeSchedulerApi:
             )
         )
 
-    async def report_config(self, name: str, *, accepted: bool, message: str) -> None:
-        status = {"accepted": accepted, "message": message, "observedAt": rfc3339()}
+    async def report_config(
+        self, name: str, *, accepted: bool, message: str, in_force: Mapping[str, Any] | None
+    ) -> None:
+        status: dict[str, Any] = {"accepted": accepted, "message": message, "observedAt": rfc3339()}
+        if in_force is not None:
+            status["inForce"] = in_force
         await raw_json(
             self._objects.patch_cluster_custom_object_status(
                 contract.CONFIG_GROUP,

@@ -18,6 +18,7 @@ import functools
 import gc
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from gpushare import logs
@@ -62,6 +63,16 @@ def _namespaced_name(item: Body) -> str:
     return f"{text(meta.get('namespace'))}/{text(meta.get('name'))}"
 
 
+@dataclass(frozen=True)
+class ConfigVerdict:
+    """What a GPUShareConfig's status says: whether its spec was applied, why not, and the
+    spec in force now (None: the environment's values alone)."""
+
+    accepted: bool
+    message: str
+    in_force: Body | None = None
+
+
 class Runtime:
     """Every component reads the live configuration the same way: through `current_config`,
     at the moment it needs a value (a GPUShareConfig change replaces `config`, nothing else)."""
@@ -81,6 +92,7 @@ class Runtime:
         self.failure: str | None = None
         self.base_config = config
         self.config = config
+        self._live_spec: Body | None = None
         self.api = api
         self.metrics = metrics or SchedulerMetrics()
         self.cache = SchedulerCache(config=self.current_config)
@@ -337,18 +349,40 @@ class Runtime:
 
     # -- live configuration --------------------------------------------------------------
 
-    async def apply_config(self, event_type: str, name: str, spec: Body) -> tuple[bool, str]:
-        """Apply a GPUShareConfig; returns (accepted, message) for its status."""
+    async def apply_config(
+        self, event_type: str, name: str, spec: Body, in_force: Body | None = None
+    ) -> ConfigVerdict:
+        """Apply a GPUShareConfig; what its status says. `in_force`: the spec its status says
+        was in force (`status.inForce`, this operator's own record): taken when this replica
+        has applied none yet and `spec` is refused, so that a restart keeps the last spec
+        accepted."""
         live = contract.LIVE_CONFIG_NAME
         if name != live:
-            return False, f"ignored: only the GPUShareConfig named {live!r} is read"
+            return ConfigVerdict(False, f"ignored: only the GPUShareConfig named {live!r} is read")
+        if event_type == DELETED:
+            await self._configure(self.base_config, None)
+            return ConfigVerdict(True, "deleted: the environment's values are in force")
         try:
-            config = (
-                self.base_config if event_type == DELETED else with_live(self.base_config, spec)
-            )
+            config = with_live(self.base_config, spec)
         except ConfigError as error:
             self._log.warning("config_refused", error=str(error))
-            return False, f"{error}; the previous configuration stays in force"
+            if self._live_spec is None and in_force is not None:
+                # Refused too (the environment changed since): the environment's values stand.
+                with contextlib.suppress(ConfigError):
+                    await self._configure(with_live(self.base_config, in_force), in_force)
+            stays = (
+                "the environment's values are in force (no spec accepted before is on record)"
+                if self._live_spec is None
+                else "the spec accepted before (status.inForce) stays in force"
+            )
+            return ConfigVerdict(False, f"{error}; {stays}", self._live_spec)
+        await self._configure(config, spec)
+        return ConfigVerdict(True, "applied", spec)
+
+    async def _configure(self, config: OperatorConfig, spec: Body | None) -> None:
+        """Run on `config` from now on, `spec` the live spec it was made from (None: the
+        environment's alone)."""
+        self._live_spec = spec
         names_changed = config.scheduler_names != self.config.scheduler_names
         self.config = config
         if names_changed:
@@ -356,4 +390,3 @@ class Runtime:
             # (also when the first list is under way; before it starts, it will see them).
             await self._pods.relist()
         self._log.info("config_applied", config=describe(config))
-        return True, "applied"

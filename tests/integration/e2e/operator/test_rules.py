@@ -297,7 +297,7 @@ async def test_live_configuration_applies_and_a_bad_value_keeps_the_old_one(
     objects = client.CustomObjectsApi(api)
     await create_gpu_node(core, FakeGpuNode(name="n", gpu_memory=65536, gpu_number=2))
     await create_gpunode(api, "n", [40960, 24576])
-    start_operator()
+    operator = start_operator()
     await create_config(api, {"policy": "firstfit"})
 
     async def status() -> dict[str, Any] | None:
@@ -332,7 +332,11 @@ async def test_live_configuration_applies_and_a_bad_value_keeps_the_old_one(
 
     message = (await eventually(refused, what="the refusal"))["message"]
     assert "backoff initial must not exceed backoff max" in message
-    assert "the previous configuration stays in force" in message
+    assert message.endswith("; the spec accepted before (status.inForce) stays in force")
+    assert (await status() or {})["inForce"] == {"policy": "firstfit"}
+    # A restart (a new leader) keeps it too: the environment's bestfit does not come back.
+    operator.stop()
+    operator.start()
     await create_pod(core, gpu_pod("p", 20000))
     assert gpu_index(await bound(core, "p")) == "0"  # still firstfit (bestfit would take 1)
 
