@@ -79,6 +79,7 @@ async def startup(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> No
     api_client = await kube.api_client(connections=_CONNECTIONS, user_agent=COMPONENT)
     api = KubeSchedulerApi(api_client, identity=config.identity, timeout_s=config.bind_timeout_s)
     state = Runtime(config=config, api=api, on_failure=_stop_operator)
+    api.time_out_by(lambda: state.config.bind_timeout_s)
     api.fence_leader_writes(state.fence.check, state.fence.stamp, state.elector.on_term_refused)
     state.metrics.serve(config.metrics_port)
     memo[_RUNTIME] = state

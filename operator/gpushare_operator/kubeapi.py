@@ -221,7 +221,7 @@ class KubeSchedulerApi:
         self._leases = client.CoordinationV1Api(api)
         self._admission = client.AdmissionregistrationV1Api(api)
         self._identity = identity
-        self._timeout = timeout_s
+        self._timeout_of: Callable[[], float] = lambda: timeout_s
         self._writer = Http2Writer(api.configuration, timeout_s=timeout_s, user_agent=COMPONENT)
         self._stamp: Callable[[], TermStamp] = TermStamp
         """The term a leader's write names (`fence_leader_writes`)."""
@@ -239,6 +239,15 @@ class KubeSchedulerApi:
 
     async def __aexit__(self, *_: object) -> None:
         await self.close()
+
+    @property
+    def _timeout(self) -> float:
+        return self._timeout_of()
+
+    def time_out_by(self, timeout_s: Callable[[], float]) -> None:
+        """Give each call `timeout_s()` seconds (the live configuration's bindTimeoutSeconds),
+        read as it is sent."""
+        self._timeout_of = timeout_s
 
     def fence_leader_writes(
         self,
@@ -321,7 +330,10 @@ class KubeSchedulerApi:
         path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding"
         with _term_over(self._refused):
             await self._writer.post_protobuf(
-                path, body, sending=lambda: self._check_leading(f"POST {path}")
+                path,
+                body,
+                sending=lambda: self._check_leading(f"POST {path}"),
+                timeout_s=self._timeout,
             )
 
     async def read_pod(self, pod: PodRef) -> dict[str, Any] | None:
@@ -433,7 +445,7 @@ class KubeSchedulerApi:
         )
         kept_in = namespace or protobuf.EVENTS_OF_CLUSTER_OBJECTS
         path = f"/api/v1/namespaces/{kept_in}/events"
-        return await self._writer.post_protobuf(path, body)
+        return await self._writer.post_protobuf(path, body, timeout_s=self._timeout)
 
     async def repeat_event(self, namespace: str, name: str, *, message: str, count: int) -> None:
         change = {"message": message, "count": count, "lastTimestamp": rfc3339()}

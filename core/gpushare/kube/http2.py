@@ -61,7 +61,12 @@ class Http2Writer:
         self._streams = asyncio.Semaphore(streams)
 
     async def post_protobuf(
-        self, path: str, body: bytes, *, sending: Callable[[], None] = lambda: None
+        self,
+        path: str,
+        body: bytes,
+        *,
+        sending: Callable[[], None] = lambda: None,
+        timeout_s: float | None = None,
     ) -> bytes:
         """POST `body` to `path`; the answer's protobuf body. ApiError on >= 300 (with the
         Status's message and Retry-After), ApiUnreachable (an OSError) or TimeoutError when
@@ -70,8 +75,11 @@ class Http2Writer:
         stream free for it, and may raise to send nothing: no wait lies between but a TLS
         handshake when the connection is new (the first, or one lost). A request handed over
         is sent even if its caller is cancelled meanwhile, as a bind's bytes once written are.
-        The path is sent as it is: its names are DNS labels."""
+        The path is sent as it is: its names are DNS labels. `timeout_s`: this request's own
+        (else the writer's)."""
         request = self._client.post(self._base + path).body_bytes(body)
+        if timeout_s is not None:
+            request = request.timeout(datetime.timedelta(seconds=timeout_s))
         bearer = (await self._configuration.auth_settings()).get("BearerToken")
         if bearer and bearer.get("value"):
             request = request.header(bearer["key"], bearer["value"], is_sensitive=True)

@@ -7,6 +7,7 @@ import contextlib
 import datetime
 import functools
 import ssl
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -189,6 +190,20 @@ async def test_a_connection_gone_silent_is_given_up_after_a_write_times_out(
         with pytest.raises(TimeoutError):
             await writer.post_protobuf(path, b"k8s\x00")
     assert silent_server.chosen == ["h2", "h2"]  # the next write on a connection of its own
+
+
+@pytest.mark.asyncio
+async def test_a_write_given_its_own_timeout_waits_that_long_not_the_writers(
+    silent_server: TlsServer, tmp_path: Path
+) -> None:
+    # The live bindTimeoutSeconds, raised or lowered after the writer was made.
+    config = configuration(f"https://127.0.0.1:{silent_server.port}", tmp_path / "ca.crt")
+    path = "/api/v1/namespaces/default/events"
+    async with Http2Writer(config, timeout_s=30, user_agent="test") as writer:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await writer.post_protobuf(path, b"k8s\x00", timeout_s=0.5)
+        assert time.monotonic() - started < 5
 
 
 @pytest.mark.asyncio
