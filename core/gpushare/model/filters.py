@@ -21,7 +21,7 @@ from gpushare.model.diagnosis import Diagnosis, NodeProblem, NodeVerdict
 from gpushare.model.errors import GpuShareError
 from gpushare.model.inventory import NodeName
 from gpushare.model.request import NO_GPU
-from gpushare.model.resources import PODS, pod_requests, resource_list
+from gpushare.model.resources import HOST_PORT, PODS, pod_requests, resource_list
 
 _HARD_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 _GPU_RESOURCES = frozenset({contract.GPU_MEMORY, contract.GPU_NUMBER})
@@ -150,9 +150,12 @@ def node_reason(needs: PodNeeds, node: NodeFacts, requested: Mapping[str, int]) 
 def _insufficient(
     needs: Mapping[str, int], allocatable: Mapping[str, int], requested: Mapping[str, int]
 ) -> str | None:
+    # kube-scheduler's NodePorts, before NodeResourcesFit.
+    if any(name.startswith(HOST_PORT) and requested.get(name, 0) for name in needs):
+        return "node(s) didn't have free ports for the requested pod ports"
     for name in sorted(needs):
-        if name in _GPU_RESOURCES:
-            continue  # the card fit counts these, card by card, with better reasons
+        if name in _GPU_RESOURCES or name.startswith(HOST_PORT):
+            continue  # the card fit counts GPUs, card by card, with better reasons
         free = allocatable.get(name, 0) - requested.get(name, 0)
         if needs[name] > free:
             return "Too many pods" if name == PODS else f"Insufficient {name}"

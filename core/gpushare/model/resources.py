@@ -11,12 +11,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from decimal import ROUND_CEILING, Decimal
 
-from gpushare.model.bodies import Body, describe, mapping, path, sequence
+from gpushare.model.bodies import Body, describe, mapping, path, sequence, text
 from gpushare.model.quantity import parse_decimal
 from gpushare.model.request import pod_total
 
 PODS = "pods"
+HOST_PORT = "hostport/"
+"""A host port a pod's container binds (`hostport/TCP/8080`), counted among its requests as
+one unit: a node has none of it free once a pod there holds it."""
 _MILLI = frozenset({"cpu"})
+_POD_LEVEL = frozenset({"cpu", "memory"})
+"""What pod-level `spec.resources` may set (Kubernetes 1.34+ by default): they then stand for
+the containers' sum, as kube-scheduler counts them."""
 
 
 def scaled(resource: str, amount: Decimal) -> int:
@@ -59,10 +65,36 @@ def pod_requests(pod: Body) -> dict[str, int]:
         name: pod_total((r.get(name, 0) for r in app), ((r.get(name, 0), s) for r, s in init))
         for name in names
     }
+    pod_level = mapping(spec.get("resources"))
+    owner = f"{who} spec.resources"
+    for name, amount in {
+        **resource_list(pod_level.get("limits"), owner=owner),
+        **resource_list(pod_level.get("requests"), owner=owner),
+    }.items():
+        if name in _POD_LEVEL:
+            total[name] = amount
     for name, amount in resource_list(spec.get("overhead"), owner=f"{who} overhead").items():
         total[name] = total.get(name, 0) + amount
     total[PODS] = total.get(PODS, 0) + 1
+    for port in host_ports(pod):
+        total[port] = 1
     return {name: amount for name, amount in total.items() if amount}
+
+
+def host_ports(pod: Body) -> frozenset[str]:
+    """The host ports the pod's app and sidecar containers bind (a hostNetwork pod's
+    containerPorts are its hostPorts: the apiserver writes them so), any host IP taken as
+    all of them."""
+    spec = path(pod, "spec")
+    containers = [*sequence(spec.get("containers"))] + [
+        c for c in sequence(spec.get("initContainers")) if c.get("restartPolicy") == "Always"
+    ]
+    return frozenset(
+        f"{HOST_PORT}{text(port.get('protocol')) or 'TCP'}/{port['hostPort']}"
+        for container in containers
+        for port in sequence(container.get("ports"))
+        if isinstance(port.get("hostPort"), int) and port["hostPort"] > 0
+    )
 
 
 def add_into(total: dict[str, int], amounts: Mapping[str, int], sign: int = 1) -> None:

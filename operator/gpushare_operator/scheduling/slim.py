@@ -31,6 +31,7 @@ _POD_SPEC = (
     "priority",
     "preemptionPolicy",
     "schedulingGates",
+    "resources",
 )
 _POD_ANNOTATIONS = frozenset(
     {
@@ -51,13 +52,22 @@ def _pick(source: Body, keys: tuple[str, ...]) -> dict[str, Any]:
     return {key: source[key] for key in keys if key in source}
 
 
+def _slim_container(container: Body) -> dict[str, Any]:
+    """A container's name, resources and restart policy, and the ports it binds on the host."""
+    kept = _pick(container, _CONTAINER)
+    ports = [p for p in sequence(container.get("ports")) if p.get("hostPort")]
+    if ports:
+        kept["ports"] = [_pick(p, ("hostPort", "protocol")) for p in ports]
+    return kept
+
+
 def slim_pod(body: Body) -> dict[str, Any]:
     """The fields of a pod the scheduler and the model read."""
     spec = path(body, "spec")
     slim_spec = _pick(spec, _POD_SPEC)
     for key in ("containers", "initContainers"):
         if isinstance(spec.get(key), list):
-            slim_spec[key] = [_pick(c, _CONTAINER) for c in spec[key] if isinstance(c, dict)]
+            slim_spec[key] = [_slim_container(c) for c in spec[key] if isinstance(c, dict)]
     metadata = _pick(path(body, "metadata"), _POD_METADATA)
     annotations = {k: v for k, v in annotations_of(body).items() if k in _POD_ANNOTATIONS}
     if annotations:

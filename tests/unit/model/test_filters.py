@@ -168,6 +168,32 @@ def test_requests_follow_the_init_container_rule_and_add_overhead() -> None:
     assert pod_requests(body) == {"cpu": 2250, "memory": 2**20, "pods": 1}
 
 
+def test_pod_level_resources_stand_for_the_containers_sum_as_kube_scheduler_counts_them() -> None:
+    body = pod(
+        containers=[{"name": "a", "resources": {"requests": {"cpu": "1", "example.com/x": "1"}}}],
+        resources={"limits": {"cpu": "8", "memory": "2Gi"}, "requests": {"memory": "1Gi"}},
+        overhead={"cpu": "250m"},
+    )
+    assert pod_requests(body) == {"cpu": 8250, "memory": 2**30, "example.com/x": 1, "pods": 1}
+    assert reason(body, node()) == "Insufficient cpu"  # 8 cpus asked of a 4-cpu node
+
+
+def test_a_host_port_held_on_the_node_filters_it_whatever_host_ip() -> None:
+    def binding(port: int, **extra: Any) -> dict[str, Any]:
+        ports = [{"containerPort": port, "hostPort": port, **extra}]
+        return pod(containers=[{"name": "c", "resources": {}, "ports": ports}])
+
+    held = pod_requests(binding(29500))
+    assert reason(binding(29500), node(), held) == (
+        "node(s) didn't have free ports for the requested pod ports"
+    )
+    assert reason(binding(29500, hostIP="10.0.0.2"), node(), held) is not None
+    assert reason(binding(29500, protocol="UDP"), node(), held) is None
+    assert reason(binding(29501), node(), held) is None
+    not_on_host = pod(containers=[{"name": "c", "resources": {}, "ports": [{"containerPort": 80}]}])
+    assert pod_requests(not_on_host) == {"pods": 1}
+
+
 def test_an_unreadable_allocatable_filters_the_node_with_the_reason() -> None:
     result = reason(pod(), node(allocatable={"cpu": "four"}))
     assert result is not None

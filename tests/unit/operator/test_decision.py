@@ -3,6 +3,8 @@ exactness rule waits for it, briefly, rather than taking a worse card elsewhere.
 
 from __future__ import annotations
 
+from typing import Any
+
 from builders import capacity_node, gpu_pod, gpunode_resource
 
 from gpushare.model import CardIndex, NodeName, Policy, contract
@@ -195,3 +197,28 @@ def test_a_pod_goes_only_where_the_device_plugin_serves_its_scheduler_name() -> 
         "n: its device plugin serves pods of schedulerName volcano, not team-a (add team-a to "
         "the plugin's GPUSHARE_SCHEDULER_NAMES" in refused.message
     )
+
+
+def test_a_pod_is_not_placed_beside_one_holding_its_host_port_nor_past_its_pod_level_cpu() -> None:
+    cache = SchedulerCache(config=lambda: CONFIG)
+    node = capacity_node("n", 20000, 2)
+    node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    node["status"]["allocatable"] = {**node["status"]["capacity"], "pods": "110", "cpu": "8"}
+    cache.observe_node(node)
+
+    def binding(name: str, node: str | None = None, index: str | None = None) -> dict[str, Any]:
+        body = gpu_pod(name, 1000, uid=name, node=node, index=index)
+        body["spec"]["containers"][0]["ports"] = [{"containerPort": 29500, "hostPort": 29500}]
+        return body
+
+    cache.observe_pod(PodInfo.parse(binding("a", node="n", index="0")))
+    second = PodInfo.parse(binding("b"))
+    cache.observe_pod(second)
+    refused = plan(cache, second, Policy.BESTFIT)
+    assert isinstance(refused, Refusal)
+    assert "node(s) didn't have free ports for the requested pod ports" in refused.message
+    large = gpu_pod("c", 1000, uid="c")
+    large["spec"]["resources"] = {"requests": {"cpu": "16"}}
+    refused = plan(cache, PodInfo.parse(large), Policy.BESTFIT)
+    assert isinstance(refused, Refusal)
+    assert "Insufficient cpu" in refused.message
