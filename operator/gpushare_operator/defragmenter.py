@@ -98,6 +98,9 @@ class Defragmenter:
     async def _carry_out(self, room: Room) -> None:
         moved = frozenset(move.pod.uid for move in room.moves)
         self._cache.nominate(room.pod.uid, room.placement, moved)
+        waiting = self._cache.pending(room.pod.uid)
+        if waiting is not None:  # the card is its from now: no newer pod takes it meanwhile
+            self._cache.reserve(waiting, room.placement)
         where = f"node {room.placement.node} card {room.placement.cards[0]}"
         for move in room.moves:
             try:
@@ -108,6 +111,7 @@ class Defragmenter:
                     continue
                 self._log.warning("defrag_eviction_refused", pod=str(move.pod), error=str(error))
                 self._cache.drop_nomination(room.pod.uid)
+                self._cache.unreserve(room.pod.uid)
                 return
             self._log.info("defrag_moved", pod=str(move.pod), node=move.node, card=move.card)
             self._reporter.event(

@@ -255,6 +255,11 @@ class _Planner:
         return node.cards[placement.cards[0]].free * node.inventory.unit_mib
 
     def _add(self, allocation: Allocation) -> None:
+        # A waiting pod's own hold (a reservation, a card claimed) is replaced by the ledger:
+        # released here first, so that the undo puts it back.
+        held = self._ledger.allocation(allocation.pod.uid)
+        if held is not None:
+            self._release(held)
         self._ledger.add(allocation)
         self._done.append(("add", allocation))
 
