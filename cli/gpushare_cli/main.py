@@ -14,10 +14,10 @@ columns (inspect: a row per card with its UUID; explain: every card). The kubeco
 kubectl's: --kubeconfig, else $KUBECONFIG, else ~/.kube/config, else the pod's service account.
 With rights in one namespace only, what is not visible is said on stderr ("note:") and taken
 from the GPUNodes where it can be. Exit status: 0 done, 1 the cluster or the pod could not be
-read (or, `defrag --apply`, a move could not be made), 2 bad arguments or a bad file;
-`simulate` also 3 when the pod would wait (it does not fit now, but would on the cluster's
-nodes if other pods went) and 4 when it fits no node even with no other pod (waiting will not
-help); `defrag` 3 when some waiting pods no plan places.
+read (or, `defrag --apply`, a move could not be made), 2 bad arguments, a bad file or a bad
+GPUSHARE_* value; `simulate` also 3 when the pod would wait (it does not fit now, but would on
+the cluster's nodes if other pods went) and 4 when it fits no node even with no other pod
+(waiting will not help); `defrag` 3 when some waiting pods no plan places.
 """
 
 from __future__ import annotations

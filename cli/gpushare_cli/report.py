@@ -352,7 +352,8 @@ class Explanation:
     """The gang the pod belongs to, and its members now (its PodGroup's verdict is the
     pod's)."""
     leader_known: bool = True
-    """The operator's Lease could be read: `leader` None means no operator leads."""
+    """Whether an operator leads is known (its Lease was found and read): `leader` None
+    means none does."""
     node_reports: Mapping[str, NodeReport] = field(default_factory=dict)
     """The cards of the nodes the outcome names (its node, or every node it does not fit),
     as `inspect` reports them: `-o wide` shows them."""
@@ -452,7 +453,7 @@ def explain(cluster: Cluster, pod: Body, *, simulated: bool = False) -> Explanat
         pod_scheduled=condition,
         leader=cluster.leader,
         group=group,
-        leader_known=cluster.lease_readable,
+        leader_known=cluster.leader_known,
         node_reports=_reports(cluster, cache, named),
     )
 

@@ -124,3 +124,51 @@ def test_the_namespace_is_the_contexts_across_merged_files(home: Path, tmp_path:
     assert context_namespace(Source(files=(first, second), context="b")) == "team-b"
     with pytest.raises(CliError, match="context 'c' is not in the kubeconfig"):
         context_namespace(Source(files=(first,), context="c"))
+
+
+@pytest.mark.parametrize(
+    ("written", "wrong"),
+    [
+        ("", " is empty"),
+        ("# only a comment\n", " is empty"),
+        ("- a\n", " is a list where a Config mapping belongs"),
+        ("just text\n", " is a plain value ('just text') where a Config mapping belongs"),
+        ("a: [\n", " is not valid YAML (expected the node content, but found '<stream end>' "),
+        ("clusters: 1\n", ": clusters must be a list of mappings"),
+        ("contexts: [{name: c, context: here}]\n", ": contexts[0].context must be a mapping"),
+    ],
+)
+def test_a_malformed_kubeconfig_is_one_line_naming_the_file_and_what_is_wrong(
+    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], written: str, wrong: str
+) -> None:
+    bad = tmp_path / "config"
+    bad.write_text(written)
+    assert main(["--kubeconfig", str(bad), "inspect"]) == 2
+    shown = capsys.readouterr()
+    assert shown.out == ""
+    assert shown.err.startswith(f"gpushare: the kubeconfig {bad}{wrong}")
+    assert shown.err.count("\n") == 1
+
+
+def test_an_empty_file_in_KUBECONFIG_is_skipped_as_kubectl_skips_it(
+    home: Path, tmp_path: Path
+) -> None:
+    empty = tmp_path / "empty"
+    empty.write_text("")
+    listed = kubeconfig(tmp_path / "listed", namespace="team-a")
+    found = find(None, environ={"KUBECONFIG": f"{empty}:{listed}"}, home=home)
+    assert found.files == (listed,)
+    assert context_namespace(found) == "team-a"
+    with pytest.raises(CliError, match=rf"tried \$KUBECONFIG \({empty}: empty\)"):
+        find(None, environ={"KUBECONFIG": str(empty)}, home=home)
+
+
+def test_a_malformed_file_in_KUBECONFIG_is_named_though_others_are_good(
+    home: Path, tmp_path: Path
+) -> None:
+    listed = kubeconfig(tmp_path / "listed")
+    bad = tmp_path / "bad"
+    bad.write_text("- a\n")
+    with pytest.raises(CliError, match=f"the kubeconfig {bad} is a list") as refused:
+        find(None, environ={"KUBECONFIG": f"{listed}:{bad}"}, home=home)
+    assert refused.value.status == 2

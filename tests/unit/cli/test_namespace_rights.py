@@ -83,6 +83,7 @@ def edit_in_team_a(apiserver: Apiserver) -> None:
     apiserver["/api/v1/namespaces/team-a/pods"] = listing(*team_a_pods())
     apiserver[GPUNODES] = listing(gpunode())
     apiserver["/apis/policy/v1/poddisruptionbudgets"] = forbidden("poddisruptionbudgets")
+    apiserver["/apis/policy/v1/namespaces/team-a/poddisruptionbudgets"] = listing()
     apiserver[LIVE] = forbidden("gpushareconfigs")
     apiserver[WEBHOOK] = forbidden("mutatingwebhookconfigurations")
     apiserver[LEASES] = forbidden("leases")
@@ -114,6 +115,8 @@ def test_a_user_with_edit_in_one_namespace_explains_their_pod_with_the_cards_use
         "nodes' readiness, taints, labels and CPU/memory are not checked",
         "note: pods of namespaces other than team-a are not visible to you: the cards' use is "
         "taken from the GPUNodes' status (and only team-a's pods are weighed for preemption)",
+        "note: PodDisruptionBudgets of namespaces other than team-a are not visible to you: "
+        "preemption is shown as if none covered the pods there",
     ]
     assert "no gpushare operator leads now" not in out  # it may lead: the Lease is not visible
     assert "/api/v1/namespaces/team-a/pods" in apiserver.asked
@@ -262,3 +265,184 @@ def test_the_gpunodes_status_is_never_counted_below_what_the_visible_pods_hold()
     ] == [("gpu-1", "0")]
     assert made[0]["spec"]["containers"][0]["resources"]["limits"] == {contract.GPU_MEMORY: "12"}
     assert stands_for(made[0]) == ("team-b/x",)
+
+
+VOLCANO_PODGROUPS = "/apis/scheduling.volcano.sh/v1beta1"
+
+
+def podgroup(name: str, min_member: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "PodGroup",
+        "metadata": {
+            "name": name,
+            "namespace": "team-a",
+            "uid": f"uid-{name}",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": {"minMember": min_member},
+    }
+
+
+def gang_member(name: str, group: str) -> dict[str, Any]:
+    member = converted(gpu_pod(name, 2, namespace="team-a"), 1024)
+    member["metadata"]["annotations"]["scheduling.k8s.io/group-name"] = group
+    return member
+
+
+def test_a_gang_member_is_explained_with_its_podgroup_read_from_the_users_namespace(
+    apiserver: Apiserver, source: Source, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`edit` in team-a may list team-a's PodGroups, not every namespace's: the gang one of
+    its four members is short of is still the operator's reason to wait."""
+    edit_in_team_a(apiserver)
+    apiserver["/api/v1/namespaces/team-a/pods"] = listing(gang_member("job-0", "job"))
+    apiserver[VOLCANO_PODGROUPS] = (200, {"kind": "APIResourceList", "resources": []})
+    apiserver[f"{VOLCANO_PODGROUPS}/podgroups"] = forbidden("podgroups")
+    apiserver[f"{VOLCANO_PODGROUPS}/namespaces/team-a/podgroups"] = listing(podgroup("job", 4))
+    status, out, err = gpushare(capsys, source, "explain", "job-0")
+    assert status == 0, err
+    assert "placeable now" not in out
+    assert (
+        "group: PodGroup team-a/job (scheduling.volcano.sh): minMember 4; its pods now: 0 "
+        "bound (0 running), 1 pending\ncannot be placed now: gang PodGroup team-a/job: 1 of "
+        "minMember 4 pods exist (0 bound, 1 pending)"
+    ) in out
+    assert (
+        "note: PodGroups (scheduling.volcano.sh) of namespaces other than team-a are not "
+        "visible to you: the pods of gangs there are taken as single pods"
+    ) in err.splitlines()
+
+
+def test_podgroups_of_an_api_the_cluster_does_not_serve_are_not_said_to_be_hidden(
+    apiserver: Apiserver, source: Source, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """RBAC refuses a tenant an API the cluster lacks as it refuses one it has: discovery
+    tells them apart, and no note is said of PodGroups that cannot exist."""
+    edit_in_team_a(apiserver)
+    apiserver[f"{VOLCANO_PODGROUPS}/podgroups"] = forbidden("podgroups")
+    apiserver[f"{VOLCANO_PODGROUPS}/namespaces/team-a/podgroups"] = forbidden("podgroups")
+    _, _, err = gpushare(capsys, source, "explain", "small")
+    assert "PodGroups" not in err
+    apiserver[VOLCANO_PODGROUPS] = (200, {"kind": "APIResourceList", "resources": []})
+    _, _, err = gpushare(capsys, source, "explain", "small")
+    assert (
+        "note: PodGroups (scheduling.volcano.sh) are not visible to you: the pods of its "
+        "gangs are taken as single pods"
+    ) in err.splitlines()
+
+
+def urgent_beside_a_budgeted_pod(apiserver: Apiserver) -> None:
+    """team-a's `mine` (on card 1, under the budget keep-mine) is the one pod whose eviction
+    would make room for `urgent`."""
+    mine, urgent = team_a_pods()[0], converted(gpu_pod("urgent", 16, namespace="team-a"), 8192)
+    mine["metadata"]["labels"] = {"app": "mine"}
+    urgent["spec"]["priority"] = 100
+    apiserver["/api/v1/namespaces/team-a/pods"] = listing(mine, urgent)
+    budget = {
+        "metadata": {"name": "keep-mine", "namespace": "team-a"},
+        "spec": {"selector": {"matchLabels": {"app": "mine"}}, "maxUnavailable": 0},
+        "status": {"disruptionsAllowed": 0},
+    }
+    apiserver["/apis/policy/v1/namespaces/team-a/poddisruptionbudgets"] = listing(budget)
+
+
+def test_preemption_heeds_the_budgets_of_the_users_namespace(
+    apiserver: Apiserver, source: Source, capsys: pytest.CaptureFixture[str]
+) -> None:
+    edit_in_team_a(apiserver)
+    urgent_beside_a_budgeted_pod(apiserver)
+    status, out, err = gpushare(capsys, source, "explain", "urgent")
+    assert status == 0, err
+    assert "would evict" not in out
+    assert "would delete past PodDisruptionBudget team-a/keep-mine, on gpu-1 card 1: " in out
+    assert (
+        "note: PodDisruptionBudgets of namespaces other than team-a are not visible to you: "
+        "preemption is shown as if none covered the pods there"
+    ) in err.splitlines()
+
+
+def test_budgets_the_user_may_not_list_at_all_are_said_to_be_unseen(
+    apiserver: Apiserver, source: Source, capsys: pytest.CaptureFixture[str]
+) -> None:
+    edit_in_team_a(apiserver)
+    urgent_beside_a_budgeted_pod(apiserver)
+    apiserver["/apis/policy/v1/namespaces/team-a/poddisruptionbudgets"] = forbidden("pdbs")
+    status, out, err = gpushare(capsys, source, "explain", "urgent")
+    assert status == 0, err
+    assert "would evict, on gpu-1 card 1: team-a/mine" in out
+    assert (
+        "note: PodDisruptionBudgets are not visible to you: preemption is shown as if none "
+        "covered a pod"
+    ) in err.splitlines()
+
+
+def test_a_lease_not_found_where_it_was_guessed_is_said_with_the_option_that_names_it(
+    apiserver: Apiserver, source: Source, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A release installed in gpu-ops, and a tenant who may read its Lease but neither list
+    Leases everywhere nor read the webhook's configuration: the default namespace has no
+    Lease, which says nothing of whether an operator leads."""
+    edit_in_team_a(apiserver)
+    apiserver[lease_at("gpushare-system")] = (404, {"kind": "Status", "code": 404})
+    apiserver[lease_at("gpu-ops")] = leading("op-1", "firstfit")
+    status, out, err = gpushare(capsys, source, "explain", "small")
+    assert status == 0, err
+    assert "no gpushare operator leads now" not in out + err
+    assert err.splitlines()[0] == (
+        "note: the operator's Lease gpushare-system/gpushare-scheduler was not found in "
+        "gpushare-system (the default: where the operator runs could be read neither from "
+        "the Leases of every namespace nor from the admission webhook): decided with this "
+        "shell's GPUSHARE_* environment (the live GPUShareConfig is not visible to you "
+        "either); if the operator runs in another namespace, name it with "
+        "--operator-namespace"
+    )
+    status, out, err = gpushare(
+        capsys, source, "explain", "small", "--operator-namespace", "gpu-ops"
+    )
+    assert "decided as the operator op-1 decides" in out
+    assert "Lease" not in err
+
+
+def test_a_lease_listed_in_no_namespace_means_no_operator_leads(
+    apiserver: Apiserver, source: Source, capsys: pytest.CaptureFixture[str]
+) -> None:
+    edit_in_team_a(apiserver)
+    apiserver[LEASES] = listing()
+    _, out, err = gpushare(capsys, source, "explain", "small")
+    assert "note: no gpushare operator leads now (its Lease is not held)" in out
+    assert "Lease" not in err
+
+
+@pytest.mark.parametrize(
+    ("published", "problem"),
+    [
+        ('{"policy": "firstfit", "nextRelease": 1}', "invalid configuration: unknown field"),
+        ("{not json", "Expecting property name enclosed in double quotes"),
+        (None, "no gpushare.io/effective-config annotation"),
+    ],
+)
+def test_a_held_lease_whose_configuration_cannot_be_read_is_not_said_to_be_free(
+    apiserver: Apiserver,
+    source: Source,
+    capsys: pytest.CaptureFixture[str],
+    published: str | None,
+    problem: str,
+) -> None:
+    edit_in_team_a(apiserver)
+    held = leading("op-2", "firstfit")
+    annotations = held[1]["metadata"]["annotations"]
+    if published is None:
+        del annotations[contract.EFFECTIVE_CONFIG]
+    else:
+        annotations[contract.EFFECTIVE_CONFIG] = published
+    apiserver[lease_at("gpushare-system")] = held
+    status, out, err = gpushare(capsys, source, "explain", "small")
+    assert status == 0, err
+    assert "no gpushare operator leads now" not in out + err
+    (said,) = [line for line in err.splitlines() if "Lease" in line]
+    assert said.startswith(
+        "note: the operator's Lease gpushare-system/gpushare-scheduler is held by op-2, whose "
+        f"configuration this gpushare cannot read ({problem}"
+    )
+    assert said.endswith("; a gpushare CLI of the operator's version reads it")

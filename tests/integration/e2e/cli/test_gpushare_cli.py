@@ -303,6 +303,8 @@ async def test_a_tenant_with_edit_in_one_namespace_explains_its_own_pods(
         "nodes' readiness, taints, labels and CPU/memory are not checked",
         "note: pods of namespaces other than team-a are not visible to you: the cards' use is "
         "taken from the GPUNodes' status (and only team-a's pods are weighed for preemption)",
+        "note: PodDisruptionBudgets of namespaces other than team-a are not visible to you: "
+        "preemption is shown as if none covered the pods there",
     ]
     bound_pod = gpushare(tenant, "explain", "mine", "-n", "team-a")
     assert bound_pod.returncode == 0, bound_pod.stderr
