@@ -254,6 +254,8 @@ class LeaseNamespace:
     name: str
     how: str
     """How it was chosen: said when the Lease is not there."""
+    named: bool = False
+    """Named by the user (a flag, this shell): no other namespace to suggest."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,7 +295,10 @@ async def _leading_operator(
             return LeaseUnknown(
                 f"the operator's Lease {lease_name} was not found in {namespace.name} "
                 f"({namespace.how})",
-                "if the operator runs in another namespace, name it with --operator-namespace",
+                _ANOTHER_LEASE
+                if namespace.named
+                else "if the operator runs in another namespace, name it with "
+                f"--operator-namespace; {_ANOTHER_LEASE}",
             )
         raise
     spec = path(lease, "spec")
@@ -322,6 +327,10 @@ async def _leading_operator(
 
 
 LEASE_NAMESPACE_ENV = "GPUSHARE_LEASE_NAMESPACE"
+_ANOTHER_LEASE = (
+    "if the operator names its Lease otherwise (GPUSHARE_LEASE_NAME), set that in this shell "
+    "too; an operator that does not elect a leader publishes no Lease"
+)
 
 
 async def _lease_namespace(
@@ -333,9 +342,9 @@ async def _lease_namespace(
     when there is none); else `hint` (the namespace of the admission webhook's Service: the
     operator's); else the operator's default."""
     if given:
-        return LeaseNamespace(given, "named with --operator-namespace")
+        return LeaseNamespace(given, "named with --operator-namespace", named=True)
     if from_shell := os.environ.get(LEASE_NAMESPACE_ENV):
-        return LeaseNamespace(from_shell, f"named by ${LEASE_NAMESPACE_ENV}")
+        return LeaseNamespace(from_shell, f"named by ${LEASE_NAMESPACE_ENV}", named=True)
     try:
         listed = await _read(
             lambda: kube.raw_json(
@@ -567,9 +576,12 @@ def _malformed(meta: dict[str, Any], spec: dict[str, Any]) -> str | None:
     for key in ("annotations", "labels"):
         values = meta.get(key)
         if values is not None and not (
-            isinstance(values, dict) and all(isinstance(v, str) for v in values.values())
+            isinstance(values, dict)
+            and all(v is None or isinstance(v, str) for v in values.values())
         ):
             return f"metadata.{key} must map names to strings"
+        if isinstance(values, dict):  # the apiserver reads a null value (`name:`) as ""
+            meta[key] = {name: value or "" for name, value in values.items()}
     for key in ("containers", "initContainers"):
         containers = spec.get(key)
         if containers is None:

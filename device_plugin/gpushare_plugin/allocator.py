@@ -200,7 +200,9 @@ class Allocator:
         preferred = self._preferred.pop(kind, None)
         if preferred is None or preferred.ids != tuple(frozenset(ids) for ids in requests):
             return None
-        named = KubeletView.listing((g.pod.namespace, g.pod.name, False) for g in preferred.grants)
+        named = KubeletView.listing(
+            (g.pod.namespace, g.pod.name, g.position > 0) for g in preferred.grants
+        )
         try:
             grants = self._match(kind, [len(ids) for ids in requests], named)
         except NoCandidate:

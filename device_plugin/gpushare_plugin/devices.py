@@ -32,11 +32,11 @@ class DeviceTable:
         self.cards = tuple(sorted(cards, key=lambda c: c.index))
         self.unit_mib = unit_mib
         self.strategy = strategy
+        """How containers are told their cards: published, so that an admin sees which nodes
+        let an image's or envFrom's NVIDIA_VISIBLE_DEVICES name cards (envvar)."""
         self.serves = serves
         """The pods' schedulerNames served: published, so that the operator places no pod of
         another here (the plugin would refuse its Allocate)."""
-        """How containers are told their cards: published, so that an admin sees which nodes
-        let an image's or envFrom's NVIDIA_VISIBLE_DEVICES name cards (envvar)."""
         self.identifies_pods = False
         """Whether the kubelet's pod-resources records say which pod each Allocate is for
         (read at start-up): published, so that the operator need not keep pods of one

@@ -96,8 +96,9 @@ async def run(config: PluginConfig, stop: asyncio.Event) -> int:
                 risk="a container whose image or envFrom sets NVIDIA_VISIBLE_DEVICES can see "
                 "every card of this node, unless the NVIDIA container toolkit refuses the "
                 "variable from unprivileged containers",
-                fix="set DEVICE_LIST_STRATEGY to cdi-cri (a CDI spec on the node) or "
-                "volume-mounts (with the toolkit's settings): docs/admission.md",
+                fix="set DEVICE_LIST_STRATEGY (Helm: devicePlugin.deviceListStrategy) to "
+                "cdi-cri (a CDI spec on the node) or volume-mounts (with the toolkit's "
+                "settings): docs/admission.md",
             )
         metrics = PluginMetrics(node=config.node_name)
         metrics.serve(config.metrics_port)

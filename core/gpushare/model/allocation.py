@@ -191,9 +191,12 @@ def match_container(
         position = served.get(pod.ref.uid, 0)
         # A part-served pod is the one the kubelet is admitting (it admits one pod's
         # containers in a row), unless it rejected that pod half-way: the records then show
-        # that; without them, its Failed status in the watch is all there is to go by.
-        if position == 0:
+        # that, unless only plain init containers were served (they are not listed: the
+        # call waits while pods on other cards could be the one); without records, its
+        # Failed status in the watch is all there is to go by.
+        if position == 0 or (kubelet is not None and not _listed(pod, position)):
             _refuse_if_cards_differ(fitting, node=inventory.node, kind=kind, count=count)
+        if position == 0:
             _refuse_if_ambiguous(
                 pod,
                 [p for p in pods if kubelet is None or kubelet.unstarted(p)],
@@ -226,9 +229,14 @@ def _may_be_admitting(kubelet: KubeletView, pod: BoundPod, served: Mapping[PodUi
     position = served.get(pod.ref.uid, 0)
     if not position:
         return kubelet.unstarted(pod)
+    return kubelet.knows(pod) and not (_listed(pod, position) and kubelet.unstarted(pod))
+
+
+def _listed(pod: BoundPod, position: int) -> bool:
+    """Whether one of the pod's first `position` GPU containers (kubelet order) is one the
+    kubelet's records list: a sidecar or an app container, not a plain init container."""
     assert pod.request is not None  # candidates ask for a GPU
-    listed = any(c.sidecar or not c.init for c in kubelet_order(pod.request)[:position])
-    return kubelet.knows(pod) and not (listed and kubelet.unstarted(pod))
+    return any(c.sidecar or not c.init for c in kubelet_order(pod.request)[:position])
 
 
 def _guessed_for(
@@ -237,17 +245,21 @@ def _guessed_for(
     """Whether part-served `pod` was served on a guess (the records could not be read then)
     for another pod of its request, which the records now show holding that grant: the
     kubelet is admitting that one, and goes on with `pod`'s grant (same card, by the
-    exactness rule). Only a pod still waiting counts: one running holds its own grant."""
-    if not served.get(pod.ref.uid, 0) or pod.request is None:
+    exactness rule). Only a pod still waiting on the same card counts: one running holds its
+    own grant."""
+    position = served.get(pod.ref.uid, 0)
+    if not position or pod.request is None:
         return False
+    listed = _listed(pod, position)
     return any(
         other.ref.uid != pod.ref.uid
+        and other.gpu_index == pod.gpu_index
         and other.waiting
         and not served.get(other.ref.uid, 0)
         and other.request is not None
         and other.request.signature == pod.request.signature
         and kubelet.knows(other)
-        and not kubelet.unstarted(other)
+        and not (listed and kubelet.unstarted(other))
         for other in pods
     )
 

@@ -395,13 +395,24 @@ def test_a_lease_not_found_where_it_was_guessed_is_said_with_the_option_that_nam
         "the Leases of every namespace nor from the admission webhook): decided with this "
         "shell's GPUSHARE_* environment (the live GPUShareConfig is not visible to you "
         "either); if the operator runs in another namespace, name it with "
-        "--operator-namespace"
+        "--operator-namespace; if the operator names its Lease otherwise "
+        "(GPUSHARE_LEASE_NAME), set that in this shell too; an operator that does not elect a "
+        "leader publishes no Lease"
     )
     status, out, err = gpushare(
         capsys, source, "explain", "small", "--operator-namespace", "gpu-ops"
     )
     assert "decided as the operator op-1 decides" in out
     assert "Lease" not in err
+    # Named by the user and not there: no other namespace to suggest.
+    _, _, err = gpushare(
+        capsys, source, "explain", "small", "--operator-namespace", "gpushare-system"
+    )
+    assert "--operator-namespace;" not in err
+    assert err.splitlines()[0].endswith(
+        "if the operator names its Lease otherwise (GPUSHARE_LEASE_NAME), set that in this "
+        "shell too; an operator that does not elect a leader publishes no Lease"
+    )
 
 
 def test_a_lease_listed_in_no_namespace_means_no_operator_leads(

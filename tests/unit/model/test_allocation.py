@@ -585,3 +585,58 @@ def test_a_part_served_pod_goes_on_whatever_other_pods_of_its_size_hold() -> Non
         inventory=inventory([100, 100]),
     )
     assert (grant.pod.name, grant.container) == ("two", "b")
+
+
+def test_a_pod_rejected_after_its_plain_init_container_does_not_give_its_card_to_the_next() -> None:
+    # Kubernetes 1.30 to 1.33 (the records still list a rejected pod): "p" (card 0) had its
+    # plain GPU init container served, then the kubelet rejected it at its app container. It
+    # admits "n" (card 1) now; the records cannot tell them apart (init containers' devices
+    # are not listed): the call waits for the watch to show which failed.
+    p = placed("p", 10, index="0", at=1, init=[container("warm", {contract.GPU_MEMORY: "5"})])
+    n = placed("n", 10, index="1", at=2)
+    view = KubeletView.listing([("default", "p", False), ("default", "n", False)])
+    with pytest.raises(NoCandidate, match="hold different cards"):
+        match_container(
+            [p, n],
+            {PodUid("p"): 1},
+            kind=MEMORY,
+            count=10,
+            inventory=inventory([100, 100]),
+            kubelet=view,
+        )
+
+
+def test_a_guess_over_a_plain_init_container_goes_on_when_the_records_come_back() -> None:
+    # Both on card 0. The records could not be read for the init container: the oldest, "p",
+    # was served while the kubelet admitted "n"; for the app container they can, and show n
+    # (its init container's devices unlisted) and not p.
+    init = [container("warm", {contract.GPU_MEMORY: "5"})]
+    p = placed("p", 10, index="0", at=1, init=init)
+    n = placed("n", 10, index="0", at=2, init=init)
+    cards = inventory([100])
+    first = match_container([p, n], {}, kind=MEMORY, count=5, inventory=cards)
+    assert (first.pod.name, first.container) == ("p", "warm")
+    view = KubeletView.listing([("default", "n", False)])
+    second = match_container(
+        [p, n], {PodUid("p"): 1}, kind=MEMORY, count=10, inventory=cards, kubelet=view
+    )
+    assert second.env["NVIDIA_VISIBLE_DEVICES"] == "0"
+
+
+def test_a_rejected_pod_is_not_taken_as_guessed_for_a_pod_on_another_card() -> None:
+    # "p" (card 0) was served its first container, then rejected (gone from the 1.34+
+    # records); "n" (card 1, the same request) holds a grant served under another pod's name.
+    # The kubelet admits a pod the watch does not show yet: the call waits for the watch.
+    two = [container("b", {contract.GPU_MEMORY: "10"})]
+    p = placed("p", 10, index="0", at=1, extra=two)
+    n = placed("n", 10, index="1", at=2, extra=two)
+    view = KubeletView.listing([("default", "n", True)])
+    with pytest.raises(NoCandidate):
+        match_container(
+            [p, n],
+            {PodUid("p"): 1},
+            kind=MEMORY,
+            count=10,
+            inventory=inventory([100, 100]),
+            kubelet=view,
+        )

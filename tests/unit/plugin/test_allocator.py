@@ -670,6 +670,27 @@ async def test_an_allocate_of_the_ids_just_preferred_is_for_the_pod_the_records_
 
 
 @pytest.mark.asyncio
+async def test_a_later_container_s_allocate_of_the_ids_just_preferred_reads_the_records_once(
+    tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
+) -> None:
+    scripted, records = kubelet
+    body = gpu_pod("p", UNITS, node="n", index="1", uid="p")
+    body["metadata"]["annotations"][contract.PREDICATE_TIME] = "1"
+    body["spec"]["containers"].append(
+        {"name": "second", "image": "x", "resources": {"limits": {contract.GPU_MEMORY: str(UNITS)}}}
+    )
+    allocator, _, _ = plugin(tmp_path, bound_pod(body), records=records)
+    scripted.known = {"p": []}
+    ids = await prefer(allocator)
+    assert await allocate(allocator, ids) == ("p", "1")
+    scripted.known = {"p": ids}  # its first container holds its devices now
+    second = await prefer(allocator)
+    assert scripted.asked == 2
+    assert await allocate(allocator, second) == ("p", "1")
+    assert scripted.asked == 2  # the Allocate of the ids just preferred reads nothing more
+
+
+@pytest.mark.asyncio
 async def test_a_pod_deleted_and_created_again_between_the_kubelet_s_two_calls_gets_no_card(
     tmp_path: Path, kubelet: tuple[Kubelet, PodResources]
 ) -> None:
