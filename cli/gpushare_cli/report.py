@@ -41,7 +41,7 @@ from gpushare_cli.partial import is_stand_in, stands_for
 from gpushare_cli.read import Cluster
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.scheduling.cache import SchedulerCache
-from gpushare_operator.scheduling.decision import Plan, Refusal, plan
+from gpushare_operator.scheduling.decision import Plan, Refusal, node_check_of, plan
 from gpushare_operator.scheduling.defrag import defrag_plan
 from gpushare_operator.scheduling.gangs import GangBook, decide_gang
 from gpushare_operator.scheduling.podinfo import Demand, PodInfo
@@ -570,7 +570,10 @@ def _pod_scheduled(pod: Body) -> Mapping[str, Any] | None:
 def _verdicts(cache: SchedulerCache, pod: PodInfo) -> tuple[NodeVerdict, ...]:
     if not isinstance(pod.demand, Demand) or pod.demand.request.kind is None:
         return ()
-    request, needs = pod.demand.request, pod.demand.needs
+    request = pod.demand.request
     return diagnose(
-        cache.ledger, request, cache.node_check(needs), cache.card_check(request, pod.ref.namespace)
+        cache.ledger,
+        request,
+        node_check_of(cache, pod.demand),
+        cache.card_check(request, pod.ref.namespace),
     ).nodes

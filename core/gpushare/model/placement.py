@@ -90,8 +90,8 @@ def served_check(ledger: Ledger, scheduler_name: str | None, check: NodeCheck | 
         if serves is not None and scheduler_name not in serves:
             return (
                 f"its device plugin serves pods of schedulerName {', '.join(sorted(serves))}, not "
-                f"{scheduler_name} (add {scheduler_name} to the plugin's GPUSHARE_SCHEDULER_NAMES; "
-                f"Helm's schedulerNames sets the operator's and the plugins' together)"
+                f"{scheduler_name} (add {scheduler_name} to the plugin's GPUSHARE_SCHEDULER_NAMES, "
+                f"or to Helm's schedulerNames, which sets the operator's and the plugins')"
             )
         return None if check is None else check(node)
 

@@ -58,7 +58,7 @@ from gpushare.model.request import Signature
 from gpushare.model.resources import PODS, add_into, pod_requests
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.scheduling.exactness import ExactnessCheck, Pin, Pins
-from gpushare_operator.scheduling.podinfo import PodInfo
+from gpushare_operator.scheduling.podinfo import Demand, PodInfo
 
 if TYPE_CHECKING:
     from gpushare_operator.scheduling.decision import Plan
@@ -146,7 +146,7 @@ class SchedulerCache:
         self._requested: dict[NodeName, dict[str, int]] = {}
         self._holders: dict[PodUid, _Holder] = {}
         self._pending: dict[PodUid, PodInfo] = {}
-        self._reserved: dict[PodUid, Placement] = {}
+        self._reserved: dict[PodUid, tuple[Placement, dict[str, int]]] = {}
         self._pins = Pins()
         self._evictable = Evictables()
         self._budgets: dict[tuple[str, str], Budget] = {}
@@ -369,16 +369,28 @@ class SchedulerCache:
         self._hold(holder)
 
     def reserve(self, pod: PodInfo, placement: Placement) -> None:
-        """Count a pending pod on the card(s) it waits for, until `unreserve`."""
+        """Count a pending pod on the card(s) it waits for, and its other requests (cpu,
+        memory, host ports) on that node, as kube-scheduler counts a nominated pod, until
+        `unreserve`."""
+        self.unreserve(pod.uid)
+        requests = dict(pod.demand.needs.requests) if isinstance(pod.demand, Demand) else {}
         self.ledger.add(placement.allocation(pod.ref))
-        self._reserved[pod.uid] = placement
+        add_into(self._requested.setdefault(placement.node, {}), requests)
+        self._reserved[pod.uid] = (placement, requests)
 
     def unreserve(self, uid: PodUid) -> Placement | None:
         """Drop the pod's reservation, if it has one (it is decided again, bound or gone);
         returns what it had reserved."""
-        placement = self._reserved.pop(uid, None)
-        if placement is not None:
-            self.ledger.release(uid)
+        reserved = self._reserved.pop(uid, None)
+        if reserved is None:
+            return None
+        placement, requests = reserved
+        self.ledger.release(uid)
+        on_node = self._requested.get(placement.node)
+        if on_node is not None:
+            add_into(on_node, requests, -1)
+            if not on_node:
+                del self._requested[placement.node]
         return placement
 
     def forget_assumed(self, uid: PodUid) -> PodInfo | None:

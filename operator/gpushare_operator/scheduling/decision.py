@@ -16,6 +16,7 @@ from gpushare.model import (
     Diagnosis,
     GpuKind,
     Ledger,
+    NodeCheck,
     NodeName,
     Placement,
     PodRef,
@@ -86,6 +87,16 @@ def plan(
     return _place(cache, pod.demand, pod.ref.namespace, policy, waited_for)
 
 
+def node_check_of(cache: SchedulerCache, demand: Demand) -> NodeCheck:
+    """Every filter before the card fit: the node's device plugin runs the pod's memory unit
+    and serves its scheduler name, and the Node passes kube-scheduler's filters."""
+    return unit_check(
+        cache.ledger,
+        demand.unit_mib,
+        served_check(cache.ledger, demand.scheduler_name, cache.node_check(demand.needs)),
+    )
+
+
 def _place(
     cache: SchedulerCache,
     demand: Demand,
@@ -97,11 +108,7 @@ def _place(
     (`QUIET_WAIT_S`), then the next best."""
     request, needs = demand.request, demand.needs
     exactness = cache.card_check(request, namespace)
-    node_check = unit_check(
-        cache.ledger,
-        demand.unit_mib,
-        served_check(cache.ledger, demand.scheduler_name, cache.node_check(needs)),
-    )
+    node_check = node_check_of(cache, demand)
     best = None
     if waited_for is not None:
         best = find_placement(

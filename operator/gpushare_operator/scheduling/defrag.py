@@ -45,6 +45,8 @@ def defrag_plan(
     pending = []
     for pod in waiting_pods(cache, book):
         assert isinstance(pod.demand, Demand)  # waiting_pods keeps only these
+        if cache.nomination(pod.uid) is not None:
+            continue  # it waits for a card being freed, reserved there: counted as placed
         pending.append(
             PendingPod(
                 ref=pod.ref,

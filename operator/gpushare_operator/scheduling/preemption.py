@@ -210,7 +210,7 @@ def _gang_rooms(
     the budgets are weighed against); the ledger is put back before returning."""
     view = cache.preemption_view(gang_holds(cache, book))
     released: list[Allocation] = []
-    reserved: list[PodUid] = []
+    reserved: list[PodUid] = []  # each member where it goes, its cpu and host ports too
     found: list[tuple[PodInfo, Room]] = []
     why = "too few of its members would fit with pods of lower priority gone"
     try:
@@ -230,12 +230,12 @@ def _gang_rooms(
             for ref in preemption.victims:
                 if (allocation := cache.ledger.release(ref.uid)) is not None:
                     released.append(allocation)
-            cache.ledger.add(preemption.placement.allocation(pod.ref))
+            cache.reserve(pod, preemption.placement)
             reserved.append(pod.uid)
             found.append((pod, _room(refusal, preemption)))
     finally:
         for uid in reserved:
-            cache.ledger.release(uid)
+            cache.unreserve(uid)
         for allocation in released:
             cache.ledger.add(allocation)
     return (found if len(found) >= needed else None), why

@@ -355,3 +355,27 @@ def test_inspect_marks_over_what_the_operator_judges_over_and_says_when_it_was_m
     (shown,) = json.loads(document)
     assert shown["measuredAt"] == "2026-12-07T10:00:00Z"
     assert [pod["over"] for card in shown["cards"] for pod in card["pods"]] == [True, False]
+
+
+def test_explain_names_a_node_whose_device_plugin_serves_not_the_pods_scheduler_name(
+    apiserver: Apiserver,
+    source: Source,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GPUSHARE_SCHEDULER_NAMES", "volcano,team-a")
+    served = h200s("gpu-1", 2)
+    served["spec"]["schedulerNames"] = ["volcano"]
+    apiserver["/api/v1/nodes"] = listing(node("gpu-1"))
+    asking = converted(gpu_pod("t", 12), 6144)
+    asking["spec"]["schedulerName"] = "team-a"
+    apiserver["/api/v1/pods"] = listing(asking)
+    apiserver[GPUNODES] = listing(served)
+    _, out = gpushare(capsys, source, "explain", "t")
+    why = (
+        "its device plugin serves pods of schedulerName volcano, not team-a (add team-a to the "
+        "plugin's GPUSHARE_SCHEDULER_NAMES, or to Helm's schedulerNames, which sets the "
+        "operator's and the plugins')"
+    )
+    assert f"0/1 nodes are available: 1 {why}. no preemption" in out
+    assert out.splitlines()[-1].split(maxsplit=1) == ["gpu-1", f"{why}  -"]

@@ -127,3 +127,17 @@ async def test_a_plan_leaves_the_holds_of_waiting_pods_as_they_were() -> None:
     intake.cache.reserve(waiting, elsewhere)  # say a quiet wait on card 1
     defrag_plan(intake.cache, intake.gangs, Policy.BESTFIT)
     assert held_on(intake, 1) == {"large", "waiting"}
+
+
+async def test_a_second_interval_moves_no_more_pods_for_a_pod_whose_card_is_being_freed() -> None:
+    api = Api()
+    intake, defragmenter = spread_cluster(api, [True])
+    await defragmenter.check()
+    assert api.evicted == ["small"]
+    leaving = running("small", 3000, 0).body
+    leaving["metadata"]["deletionTimestamp"] = "2026-12-07T10:00:10Z"  # its grace period runs
+    leaving["metadata"]["resourceVersion"] = "7"
+    intake.pod_event("MODIFIED", PodInfo.parse(leaving))
+    await defragmenter.check()
+    assert api.evicted == ["small"]
+    assert held_on(intake, 0) == {"small", "waiting"}

@@ -57,8 +57,18 @@ def pod_event(intake: Intake, body: dict[str, Any], version: int, kind: str = MO
     intake.pod_event(kind, PodInfo.parse(body))
 
 
-async def test_a_gang_member_that_fits_keeps_its_card_while_another_waits_for_its_victim() -> None:
-    api = Api()
+def victim(name: str, node: str, card: int, version: int) -> dict[str, Any]:
+    body = gpu_pod(name, 15000, node=node, index=str(card), uid=name, phase="Running")
+    body["metadata"]["annotations"][contract.GPU_ASSIGNED] = "true"
+    body["metadata"]["resourceVersion"] = str(version)
+    return body
+
+
+def gang_operator(
+    api: Api, nodes: tuple[str, ...], victims: list[dict[str, Any]], *, host_port: int = 0
+) -> tuple[Scheduler, Intake]:
+    """Nodes of two 20000 MiB cards holding `victims` (priority 0), and a gang of two 15000 MiB
+    members of priority 100 (each binding `host_port`, if any) pending."""
     config = lambda: CONFIG  # noqa: E731
     intake = Intake(
         cache=SchedulerCache(config=config, clock=lambda: 1000.0),
@@ -67,11 +77,10 @@ async def test_a_gang_member_that_fits_keeps_its_card_while_another_waits_for_it
         reporter=Reporter(api=api),  # type: ignore[arg-type]
         labeller=Labeller(api=None, fence=WriteFence(lambda: True), binds=bool),  # type: ignore[arg-type]  # never run here
     )
-    cache = intake.cache
-    intake.node_event("ADDED", ready_node("n", 40000, 2))  # two cards of 20000 MiB
-    victim = gpu_pod("v", 15000, node="n", index="0", uid="v", phase="Running")
-    victim["metadata"]["annotations"][contract.GPU_ASSIGNED] = "true"
-    pod_event(intake, victim, 2, "ADDED")
+    for name in nodes:
+        intake.node_event("ADDED", ready_node(name, 40000, 2))
+    for body in victims:
+        intake.pod_event("ADDED", PodInfo.parse(body))
     group = {"metadata": {"name": "job", "namespace": "default", "resourceVersion": "3"}}
     intake.group_event(GroupApi.VOLCANO, "ADDED", group | {"spec": {"minMember": 2}})
     for i in range(2):
@@ -79,9 +88,13 @@ async def test_a_gang_member_that_fits_keeps_its_card_while_another_waits_for_it
         member["metadata"]["annotations"] = {VOLCANO_GROUP_ANNOTATIONS[0]: "job"}
         member["metadata"]["creationTimestamp"] = f"2026-12-04T10:00:0{i}Z"
         member["spec"]["priority"] = 100
+        if host_port:  # a hostNetwork job's: the apiserver makes its containerPort a hostPort
+            member["spec"]["containers"][0]["ports"] = [
+                {"containerPort": host_port, "hostPort": host_port}
+            ]
         pod_event(intake, member, 10 + i, "ADDED")
     scheduler = Scheduler(
-        cache=cache,
+        cache=intake.cache,
         queue=intake.queue,
         gangs=intake.gangs,
         api=api,  # type: ignore[arg-type]
@@ -91,10 +104,18 @@ async def test_a_gang_member_that_fits_keeps_its_card_while_another_waits_for_it
         findings=intake.findings,
         fence=WriteFence(lambda: True),
     )
+    return scheduler, intake
+
+
+async def test_a_gang_member_that_fits_keeps_its_card_while_another_waits_for_its_victim() -> None:
+    api = Api()
+    leaving = victim("v", "n", 0, 2)
+    scheduler, intake = gang_operator(api, ("n",), [leaving])
+    cache = intake.cache
     assert scheduler.schedule_one(PodUid("m0")) == []  # the gang preempts v for one member
     await asyncio.sleep(0)  # the eviction goes out
     assert (on_card(cache, 0), on_card(cache, 1)) == ({"v", "m1"}, {"m0"})
-    leaving = copy.deepcopy(victim)
+    leaving = copy.deepcopy(leaving)
     leaving["metadata"]["deletionTimestamp"] = "2026-12-04T10:00:10Z"
     pod_event(intake, leaving, 20)
     # Tried again while v leaves: m0, which fits without evicting anyone, keeps card 1.
@@ -111,3 +132,24 @@ async def test_a_gang_member_that_fits_keeps_its_card_while_another_waits_for_it
     assert (on_card(cache, 0), on_card(cache, 1)) == ({"m1"}, {"m0"})
     await asyncio.sleep(0)
     assert api.evicted == ["v"]  # the gang preempted once
+
+
+async def test_gang_members_of_one_host_port_are_given_a_node_each() -> None:
+    # Node n has two free cards, m two cards held by pods of lower priority: both members fit
+    # n's cards, but only one can bind the port there; the other preempts on m.
+    api = Api()
+    held = [victim(f"v{card}", "m", card, 2 + card) for card in (0, 1)]
+    scheduler, intake = gang_operator(api, ("n", "m"), held, host_port=29500)
+    assert scheduler.schedule_one(PodUid("m0")) == []
+    await asyncio.sleep(0)
+    assert len(api.evicted) == 1
+    assert len(on_card(intake.cache, 0) | on_card(intake.cache, 1)) == 1  # one member on n
+
+
+async def test_a_gang_that_fits_no_node_with_its_host_port_evicts_nobody() -> None:
+    api = Api()
+    held = [victim(f"v{card}", "n", card, 2 + card) for card in (0, 1)]
+    scheduler, _ = gang_operator(api, ("n",), held, host_port=29500)
+    assert scheduler.schedule_one(PodUid("m0")) == []
+    await asyncio.sleep(0)
+    assert api.evicted == []
