@@ -21,8 +21,9 @@ HOST_PORT = "hostport/"
 one unit: a node has none of it free once a pod there holds it."""
 _MILLI = frozenset({"cpu"})
 _POD_LEVEL = frozenset({"cpu", "memory"})
-"""What pod-level `spec.resources` may set (Kubernetes 1.34+ by default): they then stand for
-the containers' sum, as kube-scheduler counts them."""
+_HUGE_PAGES = "hugepages-"
+"""What pod-level `spec.resources` may set (Kubernetes 1.34+ by default; huge pages too): they
+then stand for the containers' sum, as kube-scheduler counts them."""
 
 
 def scaled(resource: str, amount: Decimal) -> int:
@@ -65,13 +66,11 @@ def pod_requests(pod: Body) -> dict[str, int]:
         name: pod_total((r.get(name, 0) for r in app), ((r.get(name, 0), s) for r, s in init))
         for name in names
     }
-    pod_level = mapping(spec.get("resources"))
-    owner = f"{who} spec.resources"
-    for name, amount in {
-        **resource_list(pod_level.get("limits"), owner=owner),
-        **resource_list(pod_level.get("requests"), owner=owner),
-    }.items():
-        if name in _POD_LEVEL:
+    # The apiserver defaults pod-level requests (from the containers' or the pod's limits):
+    # a stored pod that sets pod-level resources carries them.
+    pod_level = path(spec, "resources").get("requests")
+    for name, amount in resource_list(pod_level, owner=f"{who} spec.resources").items():
+        if name in _POD_LEVEL or name.startswith(_HUGE_PAGES):
             total[name] = amount
     for name, amount in resource_list(spec.get("overhead"), owner=f"{who} overhead").items():
         total[name] = total.get(name, 0) + amount

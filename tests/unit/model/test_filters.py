@@ -171,10 +171,16 @@ def test_requests_follow_the_init_container_rule_and_add_overhead() -> None:
 def test_pod_level_resources_stand_for_the_containers_sum_as_kube_scheduler_counts_them() -> None:
     body = pod(
         containers=[{"name": "a", "resources": {"requests": {"cpu": "1", "example.com/x": "1"}}}],
-        resources={"limits": {"cpu": "8", "memory": "2Gi"}, "requests": {"memory": "1Gi"}},
+        # As the apiserver stores it: pod-level requests defaulted.
+        resources={"limits": {"cpu": "8"}, "requests": {"cpu": "8", "hugepages-2Mi": "4Mi"}},
         overhead={"cpu": "250m"},
     )
-    assert pod_requests(body) == {"cpu": 8250, "memory": 2**30, "example.com/x": 1, "pods": 1}
+    assert pod_requests(body) == {
+        "cpu": 8250,
+        "hugepages-2Mi": 4 * 2**20,
+        "example.com/x": 1,
+        "pods": 1,
+    }
     assert reason(body, node()) == "Insufficient cpu"  # 8 cpus asked of a 4-cpu node
 
 
