@@ -95,6 +95,10 @@ class Defragmenter:
             self._told[room.pod.uid] = message
             self._reporter.event(room.pod, PLANNED, message)
 
+    def _give_up(self, room: Room) -> None:
+        self._cache.drop_nomination(room.pod.uid)
+        self._cache.unreserve(room.pod.uid)
+
     async def _carry_out(self, room: Room) -> None:
         moved = frozenset(move.pod.uid for move in room.moves)
         self._cache.nominate(room.pod.uid, room.placement, moved)
@@ -110,9 +114,11 @@ class Defragmenter:
                 if isinstance(error, ApiError) and error.status == 404:
                     continue
                 self._log.warning("defrag_eviction_refused", pod=str(move.pod), error=str(error))
-                self._cache.drop_nomination(room.pod.uid)
-                self._cache.unreserve(room.pod.uid)
+                self._give_up(room)
                 return
+            except asyncio.CancelledError:  # the leadership is lost: the next leader decides
+                self._give_up(room)
+                raise
             self._log.info("defrag_moved", pod=str(move.pod), node=move.node, card=move.card)
             self._reporter.event(
                 move.pod,
