@@ -75,21 +75,13 @@ class _Decision:
     plan: Plan
 
 
-def _landed(body: Body, uid: PodUid, node: str, annotations: Mapping[str, str]) -> bool:
-    """Whether `body` shows this decision's Binding landed: the pod bound to `node` with the
-    predicate-time only this decision wrote (a pod without a card: the node alone)."""
-    meta = path(body, "metadata")
+def _landed(body: Body, node: str, annotations: Mapping[str, str]) -> bool:
+    """Whether the pod read back shows this decision's Binding landed: bound to `node` with
+    the predicate-time only this decision wrote (a pod without a card: the node alone)."""
     written = annotations.get(contract.PREDICATE_TIME)
-    return (
-        meta.get("uid") == uid
-        and path(body, "spec").get("nodeName") == node
-        and (written is None or annotations_of(body).get(contract.PREDICATE_TIME) == written)
+    return path(body, "spec").get("nodeName") == node and (
+        written is None or annotations_of(body).get(contract.PREDICATE_TIME) == written
     )
-
-
-def _unbound(body: Body, uid: PodUid) -> bool:
-    """Whether `body` is this pod, not bound to any node."""
-    return path(body, "metadata").get("uid") == uid and not path(body, "spec").get("nodeName")
 
 
 class Scheduler:
@@ -475,9 +467,9 @@ class Scheduler:
         refused (a pod being deleted takes no Binding): the truth read now, so that the
         assumption never counts a card the pod does not hold."""
         body = await self._read_back(pod, log)
-        if body is not None and _landed(body, pod.uid, node, annotations):
+        if body is not None and _landed(body, node, annotations):
             return True
-        if body is not None and _unbound(body, pod.uid):
+        if body is not None and not path(body, "spec").get("nodeName"):
             if path(body, "metadata").get("deletionTimestamp"):
                 self.cache.forget_assumed(pod.uid)  # no card while it goes
                 self._dropped(pod.ref, log, error)
@@ -489,7 +481,8 @@ class Scheduler:
 
     async def _read_back(self, pod: PodInfo, log: FilteringBoundLogger) -> Body | None:
         """The pod as the apiserver has it now, given to the intake as a finding; None when
-        it is gone or cannot be read (the watch corrects the cache then)."""
+        it is gone (`read_pod` answers None for another pod of its name too) or cannot be
+        read (the watch corrects the cache then)."""
         try:
             body = await self._api.read_pod(pod.ref)
         except (ApiError, OSError, TimeoutError) as error:
@@ -498,10 +491,7 @@ class Scheduler:
         if body is None:
             self._findings.put_nowait((DELETED, pod))
             return None
-        found = PodInfo.parse(body)
-        if found.uid != pod.uid:  # replaced under its name: the pod decided for is gone
-            self._findings.put_nowait((DELETED, pod))
-        self._findings.put_nowait((MODIFIED, found))
+        self._findings.put_nowait((MODIFIED, PodInfo.parse(body)))
         return body
 
     def _dropped(self, pod: PodRef, log: FilteringBoundLogger, error: ApiError) -> None:
