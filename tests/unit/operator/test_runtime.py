@@ -20,10 +20,10 @@ from leases import LEASE_LABEL, OneLease
 from scripted import Answer
 
 from gpushare.kube.clock import micro_time
-from gpushare.model import contract
+from gpushare.model import Policy, contract
 from gpushare.model.usage import PodRef
 from gpushare_operator.config import OperatorConfig
-from gpushare_operator.runtime import Runtime
+from gpushare_operator.runtime import ConfigVerdict, Runtime
 
 pytestmark = pytest.mark.asyncio
 
@@ -205,3 +205,29 @@ async def test_gpu_pods_made_before_the_label_get_it_from_the_leader_or_with_the
         await runtime.stop()
     assert sorted(apiserver.labelled) == ["others", "running"]
     assert apiserver.bound_labels == {"train": contract.GPU_POD_LABELS, "infer": {}, "plain": {}}
+
+
+async def test_a_refused_spec_leaves_the_one_accepted_before_in_force_across_a_restart() -> None:
+    accepted, refused = {"policy": "firstfit"}, {"backoffInitialSeconds": 20}  # above the max
+    runtime = Runtime(config=CONFIG, api=Apiserver({}), on_failure=lambda: None)
+    assert await runtime.apply_config("ADDED", "default", accepted) == ConfigVerdict(
+        True, "applied", accepted
+    )
+    kept = await runtime.apply_config("MODIFIED", "default", refused)
+    assert (kept.accepted, kept.in_force) == (False, accepted)
+    assert kept.message.endswith("; the spec accepted before (status.inForce) stays in force")
+    assert runtime.config.policy is Policy.FIRSTFIT
+    restarted = Runtime(config=CONFIG, api=Apiserver({}), on_failure=lambda: None)
+    again = await restarted.apply_config("ADDED", "default", refused, in_force=kept.in_force)
+    assert (again.accepted, again.in_force, restarted.config.policy) == (
+        False,
+        accepted,
+        Policy.FIRSTFIT,
+    )
+    fresh = Runtime(config=CONFIG, api=Apiserver({}), on_failure=lambda: None)
+    unrecorded = await fresh.apply_config("ADDED", "default", refused)
+    assert unrecorded.in_force is None
+    assert unrecorded.message.endswith(
+        "; the environment's values are in force (no spec accepted before is on record)"
+    )
+    assert fresh.config.policy is CONFIG.policy
