@@ -166,7 +166,11 @@ def match_container(
     waiting = [
         p
         for p in pods
-        if (p.waiting or (p.ref.uid in reopened and p.active and not p.admitted))
+        if (
+            p.waiting
+            or (p.ref.uid in reopened and p.active and not p.admitted)
+            or (kubelet is not None and _admitted_without_devices(kubelet, p, served))
+        )
         and p.scheduler in schedulers
         and p.bound
         and p.request is not None
@@ -215,6 +219,22 @@ def match_container(
         schedulers=schedulers,
         not_started=kubelet is not None
         and any(_next_container(p, served).amount == count for p in waiting),
+    )
+
+
+def _admitted_without_devices(
+    kubelet: KubeletView, pod: BoundPod, served: Mapping[PodUid, int]
+) -> bool:
+    """An admitted pod that the kubelet asks devices for as its container starts: it admitted
+    the pod in the moment before this plugin's devices were listed (just registered), so it
+    allocated none then, which its records show; this plugin never served it."""
+    return (
+        pod.admitted
+        and pod.active
+        and not pod.assigned
+        and pod.gpu_index is not None
+        and not served.get(pod.ref.uid, 0)
+        and kubelet.unstarted(pod)
     )
 
 

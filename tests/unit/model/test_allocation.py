@@ -416,6 +416,24 @@ def test_an_admitted_pod_is_never_the_one_an_allocate_is_for() -> None:
     assert grant.pod.name == "next"
 
 
+def test_a_pod_admitted_before_the_plugin_registered_is_served_as_its_container_starts() -> None:
+    # The pod reached the kubelet in the moment the plugin registered, before its devices were
+    # listed: admitted with none allocated, it is asked for again as its container starts. Its
+    # records show it holding none; without them, an admitted pod is never served.
+    body = gpu_pod("early", 10, node="n", index="1", uid="early")
+    body["status"]["containerStatuses"] = [{"name": "cuda-container", "ready": False}]
+    early = bound_pod(body)
+    cards = inventory([100, 100])
+    view = KubeletView.listing([("default", "early", False)])
+    grant = match_container([early], {}, kind=MEMORY, count=10, inventory=cards, kubelet=view)
+    assert (grant.pod.name, grant.env["NVIDIA_VISIBLE_DEVICES"]) == ("early", "1")
+    with pytest.raises(NoCandidate):
+        match_container([early], {}, kind=MEMORY, count=10, inventory=cards)
+    holding = KubeletView.listing([("default", "early", True)])
+    with pytest.raises(NoCandidate):
+        match_container([early], {}, kind=MEMORY, count=10, inventory=cards, kubelet=holding)
+
+
 def test_a_grant_the_kubelet_gave_another_pod_of_the_same_request_is_served_again() -> None:
     # The kubelet admitted "first" with the grant served as "second" (the call names device
     # ids, not pods): the record follows the grant, and "second" waits for its own call,
