@@ -294,23 +294,22 @@ def _still_waiting(cache: SchedulerCache, nomination: Nomination) -> Refusal | N
     left = cache.victims_left(nomination)
     if not left or cache.clock() - nomination.since > NOMINATION_TTL_S:
         return None
-    where = _where(nomination.placement.node, nomination.placement.cards)
-    return Refusal(
-        f"waiting for {left} preempted pod(s) to leave {where}",
-        WAIT_RETRY_S,
-        quiet=True,
-        waits_for=nomination.placement,
-        nominated=nomination.placement.node,
-    )
+    return _held(nomination, f"waiting for {left} preempted pod(s) to leave {{where}}")
 
 
 def _kept(cache: SchedulerCache, nomination: Nomination) -> Refusal | None:
     """A gang member's place, nominated with no victims of its own, while its gang waits."""
     if cache.victims_left(nomination) or cache.clock() - nomination.since > NOMINATION_TTL_S:
         return None
+    return _held(nomination, "waiting on {where} for its gang's preempted pods to leave")
+
+
+def _held(nomination: Nomination, message: str) -> Refusal:
+    """A quiet wait on the nominated card(s), reserved meanwhile; `{where}` in `message`
+    names them."""
     where = _where(nomination.placement.node, nomination.placement.cards)
     return Refusal(
-        f"waiting on {where} for its gang's preempted pods to leave",
+        message.format(where=where),
         WAIT_RETRY_S,
         quiet=True,
         waits_for=nomination.placement,

@@ -9,10 +9,10 @@ from typing import NamedTuple
 
 import pytest
 from builders import ready_node
+from cli_runs import gpushare
 from scripted import Apiserver, listing
 
 from gpushare_cli.kubeconfig import Source
-from gpushare_cli.main import main
 
 WEBHOOK = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/gpushare"
 
@@ -25,14 +25,6 @@ def admin(apiserver: Apiserver) -> None:
     apiserver["/apis/policy/v1/poddisruptionbudgets"] = listing()
     apiserver["/apis/coordination.k8s.io/v1/leases"] = listing()
     apiserver[WEBHOOK] = (200, {"webhooks": []})
-
-
-def gpushare(
-    capsys: pytest.CaptureFixture[str], source: Source, *args: str
-) -> tuple[int, str, str]:
-    status = main(["--kubeconfig", str(source.files[0]), *args])
-    shown = capsys.readouterr()
-    return status, shown.out, shown.err
 
 
 GPU_CONTAINER = "{name: c, resources: {limits: {volcano.sh/gpu-memory: '1024'}}}"

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 from builders import gpu_pod
+from cli_runs import gpushare
 from scripted import Apiserver, forbidden, listing
 
 from gpushare.kube.clock import micro_time
 from gpushare.model import contract
 from gpushare_cli.kubeconfig import Source
-from gpushare_cli.main import main
 from gpushare_cli.partial import stand_in_pods, stands_for
 
 GPUNODES = f"/apis/{contract.INVENTORY_GROUP}/{contract.INVENTORY_VERSION}/gpunodes"
@@ -88,14 +88,6 @@ def edit_in_team_a(apiserver: Apiserver) -> None:
     apiserver[WEBHOOK] = forbidden("mutatingwebhookconfigurations")
     apiserver[LEASES] = forbidden("leases")
     apiserver[lease_at("gpushare-system")] = forbidden("leases")
-
-
-def gpushare(
-    capsys: pytest.CaptureFixture[str], source: Source, *args: str
-) -> tuple[int, str, str]:
-    status = main(["--kubeconfig", str(source.files[0]), *args])
-    shown = capsys.readouterr()
-    return status, shown.out, shown.err
 
 
 def test_a_user_with_edit_in_one_namespace_explains_their_pod_with_the_cards_use_from_the_gpunodes(

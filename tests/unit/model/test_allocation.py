@@ -9,6 +9,7 @@ from builders import gpu_pod, gpunode_resource
 
 from gpushare.model import contract
 from gpushare.model.allocation import (
+    ContainerGrant,
     KubeletView,
     NoCandidate,
     match_container,
@@ -57,6 +58,21 @@ def placed(
 
 def container(name: str, limits: dict[str, str], **extra: Any) -> dict[str, Any]:
     return {"name": name, "image": "x", "resources": {"limits": limits}, **extra}
+
+
+def after_p_served_once(
+    pods: list[BoundPod], view: KubeletView, *, cards: int = 2
+) -> ContainerGrant:
+    """The call for 10 units once "p" had its first GPU container served, the records read
+    as `view`."""
+    return match_container(
+        pods,
+        {PodUid("p"): 1},
+        kind=MEMORY,
+        count=10,
+        inventory=inventory([100] * cards),
+        kubelet=view,
+    )
 
 
 def test_the_guides_pod_gets_its_card_and_the_guides_env() -> None:
@@ -582,13 +598,12 @@ def test_a_pod_the_kubelet_rejected_half_way_does_not_take_the_next_pods_call(
         "r", 10, index="0", extra=[container("b", {contract.GPU_MEMORY: "10"})], assigned="true"
     )
     view = KubeletView.listing([*records, ("default", "r", True)])  # served before a restart
-    call = {"kind": MEMORY, "count": 10, "inventory": inventory([100, 100]), "kubelet": view}
     if next_in_watch:
-        grant = match_container([*pods, running], {PodUid("p"): 1}, **call)  # type: ignore[arg-type]
+        grant = after_p_served_once([*pods, running], view)
         assert (grant.pod.name, grant.env["NVIDIA_VISIBLE_DEVICES"]) == ("n", "1")
     else:
         with pytest.raises(NoCandidate, match="not in the device plugin's watch yet"):
-            match_container([*pods, running], {PodUid("p"): 1}, **call)  # type: ignore[arg-type]
+            after_p_served_once([*pods, running], view)
 
 
 def test_a_part_served_pod_goes_on_whatever_other_pods_of_its_size_hold() -> None:
@@ -614,14 +629,7 @@ def test_a_pod_rejected_after_its_plain_init_container_does_not_give_its_card_to
     n = placed("n", 10, index="1", at=2)
     view = KubeletView.listing([("default", "p", False), ("default", "n", False)])
     with pytest.raises(NoCandidate, match="hold different cards"):
-        match_container(
-            [p, n],
-            {PodUid("p"): 1},
-            kind=MEMORY,
-            count=10,
-            inventory=inventory([100, 100]),
-            kubelet=view,
-        )
+        after_p_served_once([p, n], view)
 
 
 def test_a_guess_over_a_plain_init_container_goes_on_when_the_records_come_back() -> None:
@@ -635,9 +643,7 @@ def test_a_guess_over_a_plain_init_container_goes_on_when_the_records_come_back(
     first = match_container([p, n], {}, kind=MEMORY, count=5, inventory=cards)
     assert (first.pod.name, first.container) == ("p", "warm")
     view = KubeletView.listing([("default", "n", False)])
-    second = match_container(
-        [p, n], {PodUid("p"): 1}, kind=MEMORY, count=10, inventory=cards, kubelet=view
-    )
+    second = after_p_served_once([p, n], view, cards=1)
     assert second.env["NVIDIA_VISIBLE_DEVICES"] == "0"
 
 
@@ -650,11 +656,4 @@ def test_a_rejected_pod_is_not_taken_as_guessed_for_a_pod_on_another_card() -> N
     n = placed("n", 10, index="1", at=2, extra=two)
     view = KubeletView.listing([("default", "n", True)])
     with pytest.raises(NoCandidate):
-        match_container(
-            [p, n],
-            {PodUid("p"): 1},
-            kind=MEMORY,
-            count=10,
-            inventory=inventory([100, 100]),
-            kubelet=view,
-        )
+        after_p_served_once([p, n], view)

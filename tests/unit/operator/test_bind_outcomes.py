@@ -3,28 +3,21 @@ what the pod shows (its Events and PodScheduled condition)."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
 from builders import gpu_pod, ready_node
+from decision_loop import decision_loop, run_a_while
 
 from gpushare.kube import ApiError
 from gpushare.kube.reflector import DELETED, MODIFIED
 from gpushare.model import CardIndex, NodeName, PodRef, contract
 from gpushare_operator.config import OperatorConfig
-from gpushare_operator.election import WriteFence
 from gpushare_operator.intake import Intake
-from gpushare_operator.labeller import Labeller
-from gpushare_operator.metrics import SchedulerMetrics
-from gpushare_operator.reporting import Reporter
 from gpushare_operator.scheduler import Scheduler
-from gpushare_operator.scheduling.cache import SchedulerCache
-from gpushare_operator.scheduling.gangs import GangBook
 from gpushare_operator.scheduling.podinfo import PodInfo
-from gpushare_operator.scheduling.queue import SchedulingQueue
 
 pytestmark = pytest.mark.asyncio
 CONFIG = OperatorConfig(scheduler_names=frozenset({"volcano"}), backoff_initial_s=5)
@@ -67,26 +60,8 @@ class Api:
 
 
 def operator(api: Api) -> tuple[Scheduler, Intake]:
-    config = lambda: CONFIG  # noqa: E731
-    intake = Intake(
-        cache=SchedulerCache(config=config, clock=lambda: 1000.0),
-        queue=SchedulingQueue(config=config, clock=lambda: 100.0),
-        gangs=GangBook(),
-        reporter=Reporter(api=api),  # type: ignore[arg-type]
-        labeller=Labeller(api=None, fence=WriteFence(lambda: True), binds=bool),  # type: ignore[arg-type]  # never run here
-    )
+    scheduler, intake = decision_loop(api, CONFIG, queue_clock=lambda: 100.0)
     intake.node_event("ADDED", ready_node("n", 20000, 2))
-    scheduler = Scheduler(
-        cache=intake.cache,
-        queue=intake.queue,
-        gangs=intake.gangs,
-        api=api,  # type: ignore[arg-type]
-        reporter=intake.reporter,
-        metrics=SchedulerMetrics(),
-        config=config,
-        findings=intake.findings,
-        fence=WriteFence(lambda: True),
-    )
     return scheduler, intake
 
 
@@ -100,20 +75,6 @@ def held(intake: Intake) -> int:
     usage = intake.cache.ledger.node(NodeName("n"))
     assert usage is not None
     return sum(usage.cards[CardIndex(card)].used for card in (0, 1))
-
-
-async def run_a_while(scheduler: Scheduler, intake: Intake) -> None:
-    """The decision loop, the findings and the reports, until what is queued is done."""
-    tasks = [
-        asyncio.create_task(scheduler.run()),
-        asyncio.create_task(intake.take_findings()),
-        asyncio.create_task(intake.reporter.run()),
-    ]
-    for _ in range(200):
-        await asyncio.sleep(0)
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def test_a_pod_being_deleted_that_refuses_its_binding_holds_no_card() -> None:

@@ -9,22 +9,17 @@ from typing import Any
 
 import pytest
 from builders import gpu_pod, ready_node
+from decision_loop import decision_loop
 
 from gpushare.kube.reflector import DELETED, MODIFIED
 from gpushare.model import CardIndex, NodeName, PodRef, contract
 from gpushare.model.gangs import VOLCANO_GROUP_ANNOTATIONS, GroupApi
 from gpushare.model.usage import PodUid
 from gpushare_operator.config import OperatorConfig
-from gpushare_operator.election import WriteFence
 from gpushare_operator.intake import Intake
-from gpushare_operator.labeller import Labeller
-from gpushare_operator.metrics import SchedulerMetrics
-from gpushare_operator.reporting import Reporter
 from gpushare_operator.scheduler import Scheduler
 from gpushare_operator.scheduling.cache import SchedulerCache
-from gpushare_operator.scheduling.gangs import GangBook
 from gpushare_operator.scheduling.podinfo import PodInfo
-from gpushare_operator.scheduling.queue import SchedulingQueue
 
 pytestmark = pytest.mark.asyncio
 CONFIG = OperatorConfig(scheduler_names=frozenset({"volcano"}))
@@ -69,14 +64,7 @@ def gang_operator(
 ) -> tuple[Scheduler, Intake]:
     """Nodes of two 20000 MiB cards holding `victims` (priority 0), and a gang of two 15000 MiB
     members of priority 100 (each binding `host_port`, if any) pending."""
-    config = lambda: CONFIG  # noqa: E731
-    intake = Intake(
-        cache=SchedulerCache(config=config, clock=lambda: 1000.0),
-        queue=SchedulingQueue(config=config),
-        gangs=GangBook(),
-        reporter=Reporter(api=api),  # type: ignore[arg-type]
-        labeller=Labeller(api=None, fence=WriteFence(lambda: True), binds=bool),  # type: ignore[arg-type]  # never run here
-    )
+    scheduler, intake = decision_loop(api, CONFIG)
     for name in nodes:
         intake.node_event("ADDED", ready_node(name, 40000, 2))
     for body in victims:
@@ -93,17 +81,6 @@ def gang_operator(
                 {"containerPort": host_port, "hostPort": host_port}
             ]
         pod_event(intake, member, 10 + i, "ADDED")
-    scheduler = Scheduler(
-        cache=intake.cache,
-        queue=intake.queue,
-        gangs=intake.gangs,
-        api=api,  # type: ignore[arg-type]
-        reporter=intake.reporter,
-        metrics=SchedulerMetrics(),
-        config=config,
-        findings=intake.findings,
-        fence=WriteFence(lambda: True),
-    )
     return scheduler, intake
 
 

@@ -10,19 +10,14 @@ from typing import Any
 
 import pytest
 from builders import gpu_pod, ready_node
+from decision_loop import decision_loop
 
 from gpushare.model import CardIndex, NodeName, PodRef
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.election import WriteFence
 from gpushare_operator.intake import Intake
-from gpushare_operator.labeller import Labeller
-from gpushare_operator.metrics import SchedulerMetrics
-from gpushare_operator.reporting import Reporter
 from gpushare_operator.scheduler import Scheduler
-from gpushare_operator.scheduling.cache import SchedulerCache
-from gpushare_operator.scheduling.gangs import GangBook
 from gpushare_operator.scheduling.podinfo import PodInfo
-from gpushare_operator.scheduling.queue import SchedulingQueue
 
 pytestmark = pytest.mark.asyncio
 
@@ -58,29 +53,12 @@ class FencedAtSend(Api):
 def loop(
     may_write: bool = True, api: Api | None = None
 ) -> tuple[Scheduler, Intake, Api, list[float]]:
-    config = lambda: CONFIG  # noqa: E731
     now = [100.0]
     api = api or Api()
-    intake = Intake(
-        cache=SchedulerCache(config=config, clock=lambda: 1000.0),
-        queue=SchedulingQueue(config=config, clock=lambda: now[0]),
-        gangs=GangBook(),
-        reporter=Reporter(api=None),  # type: ignore[arg-type]  # forget() makes no call
-        labeller=Labeller(api=None, fence=WriteFence(lambda: True), binds=bool),  # type: ignore[arg-type]  # never run here
+    scheduler, intake = decision_loop(
+        api, CONFIG, queue_clock=lambda: now[0], may_write=lambda: may_write
     )
-    node = ready_node("n", 20000, 2)
-    intake.node_event("ADDED", node)
-    scheduler = Scheduler(
-        cache=intake.cache,
-        queue=intake.queue,
-        gangs=intake.gangs,
-        api=api,  # type: ignore[arg-type]  # binds are all it makes here
-        reporter=Reporter(api=api),  # type: ignore[arg-type]
-        metrics=SchedulerMetrics(),
-        config=config,
-        findings=asyncio.Queue(),
-        fence=WriteFence(lambda: may_write),
-    )
+    intake.node_event("ADDED", ready_node("n", 20000, 2))
     return scheduler, intake, api, now
 
 
