@@ -4,8 +4,9 @@ unit tests of what a decision leaves behind (a bind's answer, a gang's preemptio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.election import WriteFence
@@ -47,19 +48,35 @@ def decision_loop(
         config=current,
         findings=intake.findings,
         fence=WriteFence(may_write),
+        claims=intake.claims,
     )
     return scheduler, intake
 
 
 async def run_a_while(scheduler: Scheduler, intake: Intake) -> None:
     """The decision loop, the findings and the reports, until what is queued is done."""
+    async with running(scheduler, intake):
+        await settle()
+
+
+@contextlib.asynccontextmanager
+async def running(scheduler: Scheduler, intake: Intake) -> AsyncIterator[None]:
+    """The decision loop, the findings and the reports, until the block ends (binds in
+    flight are cancelled then)."""
     tasks = [
         asyncio.create_task(scheduler.run()),
         asyncio.create_task(intake.take_findings()),
         asyncio.create_task(intake.reporter.run()),
     ]
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def settle() -> None:
+    """Until what is queued is done (what waits on an event, waits on)."""
     for _ in range(200):
         await asyncio.sleep(0)
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)

@@ -37,6 +37,7 @@ from gpushare.kube.retry import READ, retry, transient
 from gpushare.model import contract
 from gpushare.model.bodies import Body, annotations_of, path, sequence, text
 from gpushare.model.gangs import PLURAL, GroupApi
+from gpushare.model.volumes import pod_volumes
 from gpushare_cli.errors import CliError, yaml_problem
 from gpushare_cli.kubeconfig import Source, connect
 from gpushare_cli.partial import stand_in_nodes, stand_in_pods
@@ -45,6 +46,15 @@ from gpushare_operator.config import OPTIONS, ConfigError, OperatorConfig, load,
 FORBIDDEN = 403
 
 _T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class VolumeLists:
+    claims: list[Item]
+    """Every namespace's, or where this user may list neither every namespace's claims nor
+    every namespace's pods, those of its namespace (all the pods it is shown are there)."""
+    volumes: list[Item]
+    classes: list[Item]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +75,9 @@ class Cluster:
     """Volcano's and the coscheduling PodGroups (where their CRDs are installed)."""
     budgets: list[Item] = field(default_factory=list)
     """The PodDisruptionBudgets (empty where this user may not list them all)."""
+    volumes: VolumeLists | None = None
+    """The claims, volumes and storage classes; None where this user may not read them all
+    (pods' claims are then not checked)."""
     unseen: tuple[str, ...] = ()
     """What this user may not read, and what was done instead: one line each."""
     nodes_checked: bool = True
@@ -116,6 +129,7 @@ async def _read_cluster(
     )
     podgroups, podgroups_unseen = await _podgroups(objects, namespace)
     budgets, budgets_unseen = await _budgets(client.PolicyV1Api(api), namespace)
+    volumes = await _volumes(core, client.StorageV1Api(api), namespace, every_pod)
     no_config: Item = {}
     live = await _unless_forbidden(
         _read(
@@ -176,6 +190,11 @@ async def _read_cluster(
     unseen += podgroups_unseen
     if budgets_unseen is not None:
         unseen.append(budgets_unseen)
+    if volumes is None and any(pod_volumes(pod) is not None for pod in pods):
+        unseen.append(
+            "PersistentVolumeClaims, PersistentVolumes or StorageClasses are not visible to "
+            "you: pods' claims are not checked (the operator checks them)"
+        )
     return Cluster(
         nodes=shown_nodes,
         gpunodes=gpunodes or [],
@@ -185,6 +204,7 @@ async def _read_cluster(
         converts=webhook,
         podgroups=podgroups,
         budgets=budgets,
+        volumes=volumes,
         unseen=tuple(unseen),
         nodes_checked=nodes is not None,
         sees_cards=nodes is not None or gpunodes is not None,
@@ -469,6 +489,30 @@ async def _budgets(policy: client.PolicyV1Api, namespace: str) -> tuple[list[Ite
         f"PodDisruptionBudgets of namespaces other than {namespace} are not visible to you: "
         "preemption is shown as if none covered the pods there"
     )
+
+
+async def _volumes(
+    core: client.CoreV1Api, storage: client.StorageV1Api, namespace: str, every_pod: bool
+) -> VolumeLists | None:
+    """What pods' claims are judged by; None where this user may not read all three kinds,
+    or reads every namespace's pods but not every namespace's claims."""
+    try:
+        claims, everywhere = await _everywhere_or_in(
+            core.list_persistent_volume_claim_for_all_namespaces,
+            functools.partial(core.list_namespaced_persistent_volume_claim, namespace),
+            optional=True,
+        )
+    except ApiError as error:
+        if error.status != FORBIDDEN:
+            raise
+        return None
+    if every_pod and not everywhere:
+        return None
+    volumes = await _unless_forbidden(list_all(core.list_persistent_volume, optional=True))
+    classes = await _unless_forbidden(list_all(storage.list_storage_class, optional=True))
+    if volumes is None or classes is None:
+        return None
+    return VolumeLists(claims=claims, volumes=volumes, classes=classes)
 
 
 async def list_all(call: ListCall, *, optional: bool = False) -> list[Item]:

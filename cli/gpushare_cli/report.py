@@ -36,6 +36,7 @@ from gpushare.model.gangs import GroupSpec, group_of
 from gpushare.model.measured import measured_of
 from gpushare.model.preemption import NodeCheckWithout, Preemption
 from gpushare.model.usage import CardUsage
+from gpushare.model.volumes import PodVolumes, claim_facts, class_facts, volume_facts
 from gpushare_cli.errors import CliError
 from gpushare_cli.partial import is_stand_in, stands_for
 from gpushare_cli.read import Cluster
@@ -57,10 +58,12 @@ class _UncheckedNodes(SchedulerCache):
     """The cache of a user who may not read Nodes: the stand-ins made from the GPUNodes
     (`partial.stand_in_nodes`) pass every node filter, since nothing is known to check."""
 
-    def node_check(self, needs: PodNeeds) -> NodeCheck:
+    def node_check(self, needs: PodNeeds, volumes: PodVolumes | None = None) -> NodeCheck:
         return lambda node: None
 
-    def node_check_without(self, needs: PodNeeds) -> NodeCheckWithout:
+    def node_check_without(
+        self, needs: PodNeeds, volumes: PodVolumes | None = None
+    ) -> NodeCheckWithout:
         return lambda node, gone: None
 
 
@@ -75,6 +78,15 @@ def build_cache(cluster: Cluster) -> SchedulerCache:
         cache.observe_pod(PodInfo.parse(pod))
     for budget in cluster.budgets:
         cache.observe_budget(budget)
+    if cluster.volumes is not None:
+        book = cache.volumes
+        for claim in cluster.volumes.claims:
+            book.observe_claim(claim_facts(claim))
+        for volume in cluster.volumes.volumes:
+            book.observe_volume(volume_facts(volume))
+        for storage in cluster.volumes.classes:
+            book.observe_class(class_facts(storage))
+        book.listed = True
     return cache
 
 

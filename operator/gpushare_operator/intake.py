@@ -2,7 +2,8 @@
 kube-scheduler keeps its informer handlers in `eventhandlers.go`.
 
 Its sources: the reflectors' events and LISTs (pods, nodes, GPUNodes, PodGroups,
-PriorityClasses, PodDisruptionBudgets), and the scheduler's own findings (a bind answered
+PriorityClasses, PodDisruptionBudgets, PersistentVolumeClaims, PersistentVolumes and
+StorageClasses), and the scheduler's own findings (a bind answered
 404 is a deletion, a 409 is read back), which the scheduler puts on the `findings` queue
 rather than calling in. Each event is checked against the newest version already taken (the
 stale filter), then handed to the cache, the gang book, the queue and the labeller. What an
@@ -15,6 +16,7 @@ calls the API.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 from gpushare import logs
@@ -22,6 +24,7 @@ from gpushare.kube.reflector import DELETED
 from gpushare.model import NodeName, PodUid
 from gpushare.model.bodies import Body, path, resource_version, text
 from gpushare.model.gangs import GroupApi, group_key
+from gpushare.model.volumes import Claim, StorageClass, Volume
 from gpushare_operator.labeller import Labeller
 from gpushare_operator.reporting import Reporter
 from gpushare_operator.scheduling.cache import PodChange, SchedulerCache
@@ -34,6 +37,24 @@ DELETED_PODS_KEPT = 10_000
 
 Finding = tuple[str, PodInfo]
 """What the scheduler found of a pod by its own calls: (watch event type, the pod)."""
+
+
+class Changes:
+    """A wake-up for binds that wait on a kind of object (claims being provisioned): each
+    change wakes every waiter, which looks again at what it waits for."""
+
+    def __init__(self) -> None:
+        self._next = asyncio.Event()
+
+    def changed(self) -> None:
+        self._next.set()
+        self._next = asyncio.Event()
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until the next change, or `timeout_s` (no error either way)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self._next.wait()
 
 
 class Intake:
@@ -52,6 +73,8 @@ class Intake:
         self.reporter = reporter
         self.labeller = labeller
         self.findings: asyncio.Queue[Finding] = asyncio.Queue()
+        self.claims = Changes()
+        """Told of every change of a claim or volume (binds wait on their claims)."""
         self.last_event: dict[str, float] = {}
         """When each kind last had an event (monotonic), for the liveness probe."""
         self._versions: dict[str, int] = {}
@@ -233,6 +256,57 @@ class Intake:
         for namespace, name in self.cache.budget_keys():
             if f"{namespace}/{name}" not in names:
                 self.cache.forget_budget(namespace, name)
+
+    # -- PersistentVolumeClaims, PersistentVolumes and StorageClasses ----------------------
+
+    def claim_event(self, event_type: str, claim: Claim) -> None:
+        """A claim: pods that wait for it may fit now, binds that wait for it may go on."""
+        book = self.cache.volumes
+        changed = (
+            book.forget_claim(claim.key) if event_type == DELETED else book.observe_claim(claim)
+        )
+        self.claims.changed()
+        if changed:
+            self.queue.wake()
+
+    def listed_claims(self, keys: set[str], version: str) -> None:
+        book = self.cache.volumes
+        for namespace, name in list(book.claims):
+            if f"{namespace}/{name}" not in keys:
+                book.forget_claim((namespace, name))
+        book.listed = True
+        self.claims.changed()
+        self.queue.wake()
+
+    def volume_event(self, event_type: str, volume: Volume) -> None:
+        book = self.cache.volumes
+        changed = (
+            book.forget_volume(volume.name)
+            if event_type == DELETED
+            else book.observe_volume(volume)
+        )
+        self.claims.changed()
+        if changed:
+            self.queue.wake()
+
+    def listed_volumes(self, names: set[str], version: str) -> None:
+        book = self.cache.volumes
+        for name in set(book.volumes) - names:
+            book.forget_volume(name)
+
+    def class_event(self, event_type: str, storage: StorageClass) -> None:
+        book = self.cache.volumes
+        if (
+            book.forget_class(storage.name)
+            if event_type == DELETED
+            else book.observe_class(storage)
+        ):
+            self.queue.wake()
+
+    def listed_classes(self, names: set[str], version: str) -> None:
+        book = self.cache.volumes
+        for name in set(book.classes) - names:
+            book.forget_class(name)
 
     def _log_once(self, key: str, message: str) -> None:
         if self._logged_problems.get(key) != message:

@@ -33,6 +33,7 @@ from gpushare.kube.http2 import Http2Writer
 from gpushare.kube.reflector import ListCall
 from gpushare.model import PodRef, contract
 from gpushare.model.gangs import PLURAL, GroupApi, GroupKey
+from gpushare.model.volumes import SELECTED_NODE, ClaimKey
 
 COMPONENT = "gpushare-scheduler"
 FENCE_PROBE = "gpushare-fence-probe"
@@ -50,8 +51,14 @@ PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"  # kube-scheduler's reason
 class SchedulerApi(Protocol):
     def lister(self, resource: str) -> ListCall:
         """The list (and watch) call of `pods`, `nodes`, `gpunodes`, `priorityclasses`,
-        `poddisruptionbudgets`, or
-        the PodGroups of a `GroupApi` (its name), for a Reflector."""
+        `poddisruptionbudgets`, `persistentvolumeclaims`, `persistentvolumes`,
+        `storageclasses`, or the PodGroups of a `GroupApi` (its name), for a Reflector."""
+        ...
+
+    async def select_node(self, claim: ClaimKey, node: str, version: int) -> dict[str, Any]:
+        """Write `volumes.SELECTED_NODE` on a PersistentVolumeClaim (its provisioner then makes
+        a volume that `node` reaches), if it is still at `version` (-1: whatever its version);
+        the claim as written."""
         ...
 
     async def bind(
@@ -217,6 +224,7 @@ class KubeSchedulerApi:
         self._core = client.CoreV1Api(api)
         self._scheduling = client.SchedulingV1Api(api)
         self._policy = client.PolicyV1Api(api)
+        self._storage = client.StorageV1Api(api)
         self._objects = client.CustomObjectsApi(api)
         self._leases = client.CoordinationV1Api(api)
         self._admission = client.AdmissionregistrationV1Api(api)
@@ -290,14 +298,17 @@ class KubeSchedulerApi:
         session.trace_configs.append(trace)
 
     def lister(self, resource: str) -> ListCall:
-        if resource == "pods":
-            return self._core.list_pod_for_all_namespaces
-        if resource == "nodes":
-            return self._core.list_node
-        if resource == "priorityclasses":
-            return self._scheduling.list_priority_class
-        if resource == "poddisruptionbudgets":
-            return self._policy.list_pod_disruption_budget_for_all_namespaces
+        listers: dict[str, ListCall] = {
+            "pods": self._core.list_pod_for_all_namespaces,
+            "nodes": self._core.list_node,
+            "priorityclasses": self._scheduling.list_priority_class,
+            "poddisruptionbudgets": self._policy.list_pod_disruption_budget_for_all_namespaces,
+            "persistentvolumeclaims": self._core.list_persistent_volume_claim_for_all_namespaces,
+            "persistentvolumes": self._core.list_persistent_volume,
+            "storageclasses": self._storage.list_storage_class,
+        }
+        if resource in listers:
+            return listers[resource]
         if resource in GroupApi.__members__:
             api = GroupApi[resource]
             return functools.partial(
@@ -335,6 +346,18 @@ class KubeSchedulerApi:
                 sending=lambda: self._check_leading(f"POST {path}"),
                 timeout_s=self._timeout,
             )
+
+    async def select_node(self, claim: ClaimKey, node: str, version: int) -> dict[str, Any]:
+        namespace, name = claim
+        metadata: dict[str, Any] = {"annotations": {SELECTED_NODE: node}}
+        if version >= 0:  # a precondition: 409 when the claim changed since it was decided on
+            metadata["resourceVersion"] = str(version)
+        body = {"metadata": metadata}
+        return await raw_json(
+            self._core.patch_namespaced_persistent_volume_claim(
+                name, namespace, body, _preload_content=False, _request_timeout=self._timeout
+            )
+        )
 
     async def read_pod(self, pod: PodRef) -> dict[str, Any] | None:
         return await read_pod(self._core, pod.name, pod.namespace, pod.uid, timeout_s=self._timeout)

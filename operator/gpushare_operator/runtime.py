@@ -3,7 +3,8 @@ handlers only start and stop a Runtime, probe it and hand it the live configurat
 
 `Runtime` builds the cache, the queue, the intake (which every event goes through), the
 scheduler, the status writer, the labeller and the elector, points the reflectors (nodes,
-GPUNodes, pods, PodGroups, PriorityClasses) at the intake, and runs the long-running tasks
+GPUNodes, pods, PodGroups, PriorityClasses, PodDisruptionBudgets, PersistentVolumeClaims,
+PersistentVolumes, StorageClasses) at the intake, and runs the long-running tasks
 under one supervision: the reflectors, the intake's findings and the elector always; the
 decision loop, the status writer and the labeller only while this replica leads (or always,
 with leader election off).
@@ -26,6 +27,7 @@ from gpushare.kube.reflector import DELETED, Reflector, name_of
 from gpushare.model import contract
 from gpushare.model.bodies import Body, path, text
 from gpushare.model.gangs import GroupApi
+from gpushare.model.volumes import claim_facts, class_facts, volume_facts
 from gpushare_operator.config import ConfigError, OperatorConfig, describe, with_live
 from gpushare_operator.defragmenter import Defragmenter
 from gpushare_operator.election import LeaseElector, WriteFence
@@ -119,6 +121,7 @@ class Runtime:
             metrics=self.metrics,
             config=self.current_config,
             findings=self.intake.findings,
+            claims=self.intake.claims,
             fence=fence,
         )
         self.status = StatusWriter(
@@ -207,18 +210,48 @@ class Runtime:
             key=_namespaced_name,
             optional=True,
         )
+        # Volumes before pods too: a pod's claims are judged as soon as it is seen.
+        volumes = (
+            Reflector(
+                "storageclasses",
+                api.lister("storageclasses"),
+                transform=class_facts,
+                on_event=intake.class_event,
+                on_listed=intake.listed_classes,
+                key=name_of,
+            ),
+            Reflector(
+                "persistentvolumes",
+                api.lister("persistentvolumes"),
+                transform=volume_facts,
+                on_event=intake.volume_event,
+                on_listed=intake.listed_volumes,
+                key=name_of,
+            ),
+            Reflector(
+                "persistentvolumeclaims",
+                api.lister("persistentvolumeclaims"),
+                transform=claim_facts,
+                on_event=intake.claim_event,
+                on_listed=intake.listed_claims,
+                key=_namespaced_name,
+            ),
+        )
         self.reflectors: tuple[Reflector[Any], ...] = (
             nodes,
             gpunodes,
             priority_classes,
             budgets,
+            *volumes,
             *groups,
             self._pods,
         )
-        self._leader_written: tuple[Reflector[Any], ...] = (*groups, self._pods)
+        claims = volumes[2]
+        self._leader_written: tuple[Reflector[Any], ...] = (claims, *groups, self._pods)
         """What a leader writes and decides by (Bindings, evictions and conditions on pods;
-        PodGroups' status): a LIST of it that began before a leadership may lack the last
-        writes of the leader before. Of the other kinds a leader writes only GPUNodes' status,
+        PodGroups' status; the node of a claim that waits for its first consumer): a LIST of
+        it that began before a leadership may lack the last writes of the leader before. Of
+        the other kinds a leader writes only GPUNodes' status,
         which no decision reads (it is read back for its conditions' times alone)."""
         self.synced = asyncio.Event()
         self.started_at = time.monotonic()

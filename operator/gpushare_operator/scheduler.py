@@ -14,8 +14,9 @@ below its minimum before it ran.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,8 +36,10 @@ from gpushare.kube.retry import (
 from gpushare.model import Placement, PodRef, PodUid, contract
 from gpushare.model.bodies import Body, annotations_of, path
 from gpushare.model.gangs import GroupKey, GroupSpec
+from gpushare.model.volumes import ClaimBinding, ClaimKey, claim_facts
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.election import WriteFence
+from gpushare_operator.intake import Changes
 from gpushare_operator.kubeapi import NO_LABELS, Fenced, SchedulerApi
 from gpushare_operator.metrics import SchedulerMetrics
 from gpushare_operator.reporting import Reporter
@@ -60,6 +63,12 @@ from gpushare_operator.scheduling.preemption import (
 )
 from gpushare_operator.scheduling.queue import CardFreeing, GangCheck, SchedulingQueue
 
+VOLUME_BIND_TIMEOUT_S = 600.0
+"""How long a bind waits for its claims' provisioner (kube-scheduler's VolumeBinding
+`bindTimeoutSeconds` default); the pod's card is held meanwhile."""
+CLAIM_LOOK_S = 5.0
+"""How often a bind that waits for its claims looks whether its pod is still there (a
+change of a claim or volume wakes it at once)."""
 PREEMPTING = "Preempting"
 PREEMPTED = "Preempted"  # kube-scheduler's reason on a victim
 GANG_MIN_MEMBER_MAX = 999_999_999
@@ -84,6 +93,30 @@ def _landed(body: Body, node: str, annotations: Mapping[str, str]) -> bool:
     )
 
 
+class _Slot:
+    """A bind's place among the binds in flight (`max_concurrent_binds`), acquired before its
+    task starts; lent back while it waits on others (its claims' provisioner), so that pods
+    waiting for volumes never hold up the binds of the rest."""
+
+    def __init__(self, slots: asyncio.Semaphore) -> None:
+        self._slots = slots
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._slots.release()
+
+    @contextlib.asynccontextmanager
+    async def lent(self) -> AsyncIterator[None]:
+        self.release()
+        try:
+            yield
+        finally:
+            await self._slots.acquire()  # cancelled while waiting: nothing is held
+            self._held = True
+
+
 class Scheduler:
     def __init__(
         self,
@@ -97,8 +130,10 @@ class Scheduler:
         config: Callable[[], OperatorConfig],
         findings: asyncio.Queue[tuple[str, PodInfo]],
         fence: WriteFence,
+        claims: Changes | None = None,
     ) -> None:
-        """`fence`: asked before each Binding and eviction."""
+        """`fence`: asked before each Binding, eviction and claim write. `claims`: told of
+        every change of a claim or volume."""
         self.cache = cache
         self.queue = queue
         self.gangs = gangs
@@ -108,6 +143,7 @@ class Scheduler:
         self._config = config
         self._findings = findings
         self._fence = fence
+        self._claims = claims or Changes()
         self._in_flight: set[asyncio.Task[None]] = set()  # binds and evictions
         self._slots = asyncio.Semaphore(config().max_concurrent_binds)
         self._log = logs.get("scheduler")
@@ -365,13 +401,14 @@ class Scheduler:
     # -- binding cycle (concurrent) ------------------------------------------------------
 
     async def _bind(self, decision: _Decision) -> None:
+        slot = _Slot(self._slots)
         try:
-            await self._bind_once(decision)
+            await self._bind_once(decision, slot)
         except asyncio.CancelledError:
             self._not_bound(decision)
             raise
         finally:
-            self._slots.release()
+            slot.release()
 
     def _not_bound(self, decision: _Decision) -> None:
         """Leadership lost (or shutdown) before the bind was known: whether it landed, the
@@ -380,24 +417,18 @@ class Scheduler:
         self.cache.forget_assumed(decision.pod.ref.uid)
         self.queue.backoff(decision.pod.ref.uid)
 
-    async def _bind_once(self, decision: _Decision) -> None:
+    async def _bind_once(self, decision: _Decision, slot: _Slot) -> None:
         """Bind, retrying the same decision on transient errors (the assumption stays, so
         a bind that succeeded unseen is never counted twice, nor its card given away)."""
         pod, node, placement = decision.pod.ref, decision.plan.node, decision.plan.placement
         log = self._log.bind(
             pod=str(pod), node=node, card=list(placement.cards) if placement else None
         )
-        annotations: dict[str, str] = {}
-        if placement is not None:
-            annotations = placement.allocation(pod).annotations()
-            annotations[contract.PREDICATE_TIME] = str(time.time_ns())
-            # The Binding writes every placement annotation, so values a user forged on the
-            # pending pod never stand: gpu-index is ours, and gpu-assigned starts "false".
-            annotations[contract.GPU_ASSIGNED] = contract.GPU_ASSIGNED_FALSE
-            if decision.pod.group is not None or decision.pod.carries_gang_min:
-                spec = self.gangs.spec(decision.pod.group) if decision.pod.group else None
-                gang_min = spec.min_member if isinstance(spec, GroupSpec) else 1
-                annotations[contract.GANG_MIN_MEMBER] = str(min(gang_min, GANG_MIN_MEMBER_MAX))
+        if decision.plan.claims is not None and not await self._bind_claims(
+            decision, decision.plan.claims, slot, log
+        ):
+            return
+        annotations = self._placement_annotations(decision)
         # A GPU pod made before gpushare labelled them comes under the placement policy
         # with the write that places it (Kubernetes 1.35 on; before, the labeller's write
         # follows).
@@ -453,6 +484,98 @@ class Scheduler:
             self._metrics.latency.observe(max(0.0, time.time() - created))
         log.info("pod_bound", free_after=placement.free_after if placement else None)
         self._reporter.bound(pod, node, placement)
+
+    def _placement_annotations(self, decision: _Decision) -> dict[str, str]:
+        """What the Binding writes on the pod: its card(s), the time, and its gang's size."""
+        placement = decision.plan.placement
+        if placement is None:
+            return {}
+        annotations = placement.allocation(decision.pod.ref).annotations()
+        annotations[contract.PREDICATE_TIME] = str(time.time_ns())
+        # The Binding writes every placement annotation, so values a user forged on the
+        # pending pod never stand: gpu-index is ours, and gpu-assigned starts "false".
+        annotations[contract.GPU_ASSIGNED] = contract.GPU_ASSIGNED_FALSE
+        if decision.pod.group is not None or decision.pod.carries_gang_min:
+            spec = self.gangs.spec(decision.pod.group) if decision.pod.group else None
+            gang_min = spec.min_member if isinstance(spec, GroupSpec) else 1
+            annotations[contract.GANG_MIN_MEMBER] = str(min(gang_min, GANG_MIN_MEMBER_MAX))
+        return annotations
+
+    async def _bind_claims(
+        self,
+        decision: _Decision,
+        binding: ClaimBinding,
+        slot: _Slot,
+        log: FilteringBoundLogger,
+    ) -> bool:
+        """kube-scheduler's VolumeBinding PreBind: give the pod's waiting claims its node, then
+        wait (the card assumed meanwhile) until their provisioner has bound them to volumes
+        the node reaches. False: it cannot go on, and the pod is tried again after a backoff."""
+        pod = decision.pod.ref
+        for claim, version in binding.select:
+            name = f"persistentvolumeclaim {claim[0]}/{claim[1]}"
+
+            async def write(
+                claim: ClaimKey = claim, version: int = version, name: str = name
+            ) -> Body:
+                self._fence.check(f"select node for {name}")  # before every attempt
+                return await self._api.select_node(claim, binding.node, version)
+
+            try:
+                written = await retry(write, WRITE)
+            except Fenced as fenced:
+                self._requeue(pod, log, str(fenced))
+                return False
+            except ApiError as error:
+                if error.status == 409:  # it changed since the decision: decide again
+                    self._requeue(pod, log, f"{name} changed: {error.message}")
+                else:
+                    self._volumes_not_bound(decision, log, f"{name}: {error}")
+                return False
+            except (OSError, TimeoutError) as error:
+                self._volumes_not_bound(decision, log, f"{name}: {error!r}")
+                return False
+            self.cache.volumes.observe_claim(claim_facts(written))
+        log.info("claims_waiting", claims=[f"{ns}/{name}" for ns, name in binding.wait])
+        async with slot.lent():  # binds of other pods go on meanwhile
+            state = await self._claims_ready(decision, binding, log)
+        if state is None:
+            self.cache.claims_bound(pod.uid)
+            return True
+        if state:
+            self._volumes_not_bound(decision, log, state)
+        return False
+
+    async def _claims_ready(
+        self, decision: _Decision, binding: ClaimBinding, log: FilteringBoundLogger
+    ) -> str | None:
+        """None once the claims are bound to volumes the node reaches; else why the bind
+        cannot go on, or "" when the pod was deleted meanwhile (nothing to say)."""
+        pod = decision.pod.ref
+        deadline = time.monotonic() + VOLUME_BIND_TIMEOUT_S
+        while True:
+            if not self.cache.holds(pod.uid):  # deleted meanwhile: its card is free already
+                self.queue.remove(pod.uid)
+                log.info("bind_dropped", reason="the pod was deleted while its claims waited")
+                return ""
+            state = self.cache.binding_state(binding)
+            if state != "":
+                return state
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return f"the claims were not bound within {VOLUME_BIND_TIMEOUT_S:.0f} s"
+            await self._claims.wait(min(left, CLAIM_LOOK_S))
+
+    def _volumes_not_bound(self, decision: _Decision, log: FilteringBoundLogger, why: str) -> None:
+        """Said on the pod as kube-scheduler says a failed PreBind, and tried again later."""
+        reason = f"binding volumes: {why}"
+        self._requeue(decision.pod.ref, log, reason)
+        self._reporter.unschedulable(
+            decision.pod.ref,
+            reason,
+            decision.pod.resource_version,
+            already=decision.pod.unschedulable,
+        )
 
     async def _landed_before(
         self,

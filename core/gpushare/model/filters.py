@@ -186,10 +186,11 @@ def _matches_selector(needs: PodNeeds, node: NodeFacts) -> bool:
         return False
     if not needs.node_affinity:
         return True
-    return any(_term_matches(term, node) for term in needs.node_affinity)
+    return any(term_matches(term, node) for term in needs.node_affinity)
 
 
-def _term_matches(term: Body, node: NodeFacts) -> bool:
+def term_matches(term: Body, node: NodeFacts) -> bool:
+    """A NodeSelectorTerm: all its expressions and fields match the node."""
     expressions = sequence(term.get("matchExpressions"))
     fields = sequence(term.get("matchFields"))
     if not expressions and not fields:
@@ -231,17 +232,18 @@ def choose_node(
     nodes: Mapping[NodeName, NodeFacts],
     requested: Callable[[NodeName], Mapping[str, int]],
     needs: PodNeeds,
+    node_check: Callable[[NodeName], str | None],
 ) -> NodeName | Diagnosis:
     """A node for a pod that asks for no GPU: the least allocated (cpu and memory, as
-    kube-scheduler's default LeastAllocated score) among those that pass the filters."""
+    kube-scheduler's default LeastAllocated score) among those that pass `node_check`."""
     best: tuple[float, NodeName] | None = None
     verdicts = []
     for name, facts in nodes.items():
-        used = requested(name)
-        reason = node_reason(needs, facts, used)
+        reason = node_check(name)
         if reason is not None:
             verdicts.append(NodeVerdict(node=name, problem=NodeProblem.FILTERED, detail=reason))
             continue
+        used = requested(name)
         shares = [
             (used.get(resource, 0) + needs.requests.get(resource, 0)) / facts.allocatable[resource]
             for resource in ("cpu", "memory")

@@ -56,6 +56,7 @@ from gpushare.model.filters import NodeFacts, PodNeeds, node_facts, node_reason
 from gpushare.model.preemption import Evictable, Evictables, GangHold, NodeCheckWithout, View
 from gpushare.model.request import Signature
 from gpushare.model.resources import PODS, add_into, pod_requests
+from gpushare.model.volumes import ClaimBinding, ClaimNeeds, PodVolumes, VolumeBook, pod_volumes
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.scheduling.exactness import ExactnessCheck, Pin, Pins
 from gpushare_operator.scheduling.podinfo import Demand, PodInfo
@@ -101,6 +102,8 @@ class _Holder:
     """Assumed pods: the pending pod to restore if the bind fails."""
     pin: Pin | None = None
     """While it waits for the device plugin's assignment."""
+    claims: ClaimBinding | None = None
+    """Assumed pods: the claims their bind gives the node (`VolumeBook.select`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +135,22 @@ class PodObservation:
     """ASSIGNED: the request signature whose pods may now take other cards of that node."""
 
 
+def _filtered(
+    claims: ClaimNeeds | str | None,
+    needs: PodNeeds,
+    node: NodeFacts,
+    requested: Mapping[str, int],
+) -> str | None:
+    """Why `node` cannot take the pod, in kube-scheduler's order: what keeps the pod off
+    every node (its claims' PreFilter), the node's filters, then its volumes' reach."""
+    if isinstance(claims, str):
+        return claims
+    reason = node_reason(needs, node, requested)
+    if reason is None and claims is not None:
+        return claims.reason(node)
+    return reason
+
+
 class SchedulerCache:
     def __init__(
         self, *, config: Callable[[], OperatorConfig], clock: Callable[[], float] = time.time
@@ -151,6 +170,8 @@ class SchedulerCache:
         self._evictable = Evictables()
         self._budgets: dict[tuple[str, str], Budget] = {}
         self._nominated: dict[PodUid, Nomination] = {}
+        self.volumes = VolumeBook()
+        """PersistentVolumeClaims, PersistentVolumes and StorageClasses, as last seen."""
 
     # -- nodes and GPUNodes --------------------------------------------------------------
 
@@ -279,7 +300,11 @@ class SchedulerCache:
                     started_s=pod.started_s,
                     labels=pod.labels,
                     gang=pod.group,
-                    movable=pod.controlled and allocation.kind is GpuKind.MEMORY,
+                    # A pod with claims may not follow its volume elsewhere (a zonal or
+                    # local disk, one node at a time): defragmentation leaves it be.
+                    movable=pod.controlled
+                    and allocation.kind is GpuKind.MEMORY
+                    and pod_volumes(pod.body) is None,
                 )
                 self._evictable.put(victim, pod.node, min(allocation.cards))
             if allocation.cards and claim.request and not assigned and not pod.terminating:
@@ -360,6 +385,9 @@ class SchedulerCache:
         # trial and forgotten keeps the card it was nominated to.
         self._pending.pop(pod.uid, None)
         holder = _Holder(pod.ref, plan.node, dict(plan.needs.requests), None, pending=pod)
+        if plan.claims is not None:
+            self.volumes.select(plan.claims)
+            holder.claims = plan.claims
         if plan.placement is not None:
             self.ledger.add(plan.placement.allocation(pod.ref))
             holder.cards = plan.placement.cards
@@ -399,22 +427,39 @@ class SchedulerCache:
         if holder is None or holder.pending is None:
             return None
         self._release(uid)
+        if holder.claims is not None:
+            self.volumes.unselect(holder.claims)
         self._pending[uid] = holder.pending
         return holder.pending
 
-    def node_check(self, needs: PodNeeds) -> NodeCheck:
-        """The non-GPU filters for a pod with `needs`, against the current state."""
+    def claims_bound(self, uid: PodUid) -> None:
+        """An assumed pod's claims are bound and its Binding goes out now: its wait for the
+        device plugin's assignment counts from here, not from the decision."""
+        holder = self._holders.get(uid)
+        if holder is None or holder.pin is None:
+            return
+        self._pins.remove(holder.pin)
+        holder.pin = dataclasses.replace(holder.pin, since=self._clock())
+        self._pins.add(holder.pin)
+
+    def node_check(self, needs: PodNeeds, volumes: PodVolumes | None = None) -> NodeCheck:
+        """The non-GPU filters for a pod with `needs` and `volumes`, against the current
+        state."""
+        claims = self.claim_needs(volumes)
 
         def check(node: NodeName) -> str | None:
             facts = self._facts.get(node)
             if facts is None:
                 return "node(s) were not found"
-            return node_reason(needs, facts, self._requested.get(node, {}))
+            return _filtered(claims, needs, facts, self._requested.get(node, {}))
 
         return check
 
-    def node_check_without(self, needs: PodNeeds) -> NodeCheckWithout:
+    def node_check_without(
+        self, needs: PodNeeds, volumes: PodVolumes | None = None
+    ) -> NodeCheckWithout:
         """`node_check` as it would answer once the given pods are gone (preemption)."""
+        claims = self.claim_needs(volumes)
 
         def check(node: NodeName, gone: frozenset[PodUid]) -> str | None:
             facts = self._facts.get(node)
@@ -425,9 +470,27 @@ class SchedulerCache:
                 holder = self._holders.get(uid)
                 if holder is not None and holder.node == node:
                     add_into(requested, holder.requests, -1)
-            return node_reason(needs, facts, requested)
+            return _filtered(claims, needs, facts, requested)
 
         return check
+
+    # -- volumes -------------------------------------------------------------------------
+
+    def claim_needs(self, volumes: PodVolumes | None) -> ClaimNeeds | str | None:
+        """A pod's claims as they stand (`VolumeBook.needs`); None for a pod without claims,
+        or while the claims cannot be read (nothing is then checked)."""
+        if volumes is None or not self.volumes.listed:
+            return None
+        return self.volumes.needs(volumes)
+
+    def claim_binding(self, volumes: PodVolumes | None, node: NodeName) -> ClaimBinding | None:
+        """What binding a pod with `volumes` to `node` asks of its claims first."""
+        claims = self.claim_needs(volumes)
+        return claims.binding(node) if isinstance(claims, ClaimNeeds) else None
+
+    def binding_state(self, binding: ClaimBinding) -> str | None:
+        """`VolumeBook.binding_state` against the node as it is now."""
+        return self.volumes.binding_state(binding, self._facts.get(NodeName(binding.node)))
 
     def card_check(self, request: PodRequest, namespace: str) -> ExactnessCheck:
         """The exactness rule for a pod of `namespace` with `request`, at this moment."""

@@ -28,6 +28,7 @@ from gpushare.model import (
 from gpushare.model.filters import PodNeeds, choose_node
 from gpushare.model.placement import Policy, served_check, unit_check
 from gpushare.model.usage import PodUid
+from gpushare.model.volumes import ClaimBinding
 from gpushare_operator.scheduling.cache import SchedulerCache
 from gpushare_operator.scheduling.exactness import ExactnessCheck
 from gpushare_operator.scheduling.podinfo import Demand, PodInfo
@@ -66,6 +67,8 @@ class Plan:
     needs: PodNeeds
     expired: Mapping[PodUid, PodRef] = field(default_factory=dict)
     """Earlier pods of the same request whose assignment wait ran out (logged)."""
+    claims: ClaimBinding | None = None
+    """What its claims need before it is bound: a node selected, a volume provisioned."""
 
 
 def plan(
@@ -78,12 +81,19 @@ def plan(
         return Refusal(f"pod {pod.ref} is already bound to node {pod.node}")
     if isinstance(pod.demand, str):
         return Refusal(pod.demand)
-    request, needs = pod.demand.request, pod.demand.needs
+    request, needs, volumes = pod.demand.request, pod.demand.needs, pod.demand.volumes
     if request.kind is None:
-        chosen = choose_node(cache.facts(), cache.requested, needs)
+        check = cache.node_check(needs, volumes)
+        chosen = choose_node(cache.facts(), cache.requested, needs, check)
         if isinstance(chosen, Diagnosis):
             return Refusal(chosen.summary())
-        return Plan(node=chosen, placement=None, request=request, needs=needs)
+        return Plan(
+            node=chosen,
+            placement=None,
+            request=request,
+            needs=needs,
+            claims=cache.claim_binding(volumes, chosen),
+        )
     return _place(cache, pod.demand, pod.ref.namespace, policy, waited_for)
 
 
@@ -93,7 +103,9 @@ def node_check_of(cache: SchedulerCache, demand: Demand) -> NodeCheck:
     return unit_check(
         cache.ledger,
         demand.unit_mib,
-        served_check(cache.ledger, demand.scheduler_name, cache.node_check(demand.needs)),
+        served_check(
+            cache.ledger, demand.scheduler_name, cache.node_check(demand.needs, demand.volumes)
+        ),
     )
 
 
@@ -106,7 +118,7 @@ def _place(
 ) -> Plan | Refusal:
     """The best card(s) for a GPU pod; while the exactness rule holds them, a quiet wait
     (`QUIET_WAIT_S`), then the next best."""
-    request, needs = demand.request, demand.needs
+    request = demand.request
     exactness = cache.card_check(request, namespace)
     node_check = node_check_of(cache, demand)
     best = None
@@ -122,12 +134,12 @@ def _place(
         )
     held = next(filter(None, (exactness(best.node, card) for card in best.cards)), None)
     if held is None:
-        return _plan(best, request, needs, exactness)
+        return _plan(cache, best, demand, exactness)
     other = find_placement(
         cache.ledger, request, policy, node_check=node_check, card_check=exactness
     )
     if other is not None and _as_good(cache.ledger, best, other):
-        return _plan(other, request, needs, exactness)  # nothing worth waiting for
+        return _plan(cache, other, demand, exactness)  # nothing worth waiting for
     where = f"{best.node} card {','.join(map(str, best.cards))}"
     waited_s = exactness.stalled_s(best.node)
     if waited_s < QUIET_WAIT_S:  # the assignment it waits for wakes it; else retried then
@@ -136,7 +148,7 @@ def _place(
             message, QUIET_WAIT_S - waited_s, request.signature, quiet=True, waits_for=best
         )
     if other is not None:  # the kubelet is slow to admit the pod it waits for
-        return _plan(other, request, needs, exactness)
+        return _plan(cache, other, demand, exactness)
     nodes = len(cache.ledger.nodes()) + len(cache.ledger.nodes_without_gpu())
     message = f"0/{nodes} nodes are available now; the best fit is {where}, {held}"
     return Refusal(message, exactness.first_wait_ends_in, request.signature)
@@ -181,12 +193,13 @@ def _only(placement: Placement) -> CardCheck:
 
 
 def _plan(
-    placement: Placement, request: PodRequest, needs: PodNeeds, exactness: ExactnessCheck
+    cache: SchedulerCache, placement: Placement, demand: Demand, exactness: ExactnessCheck
 ) -> Plan:
     return Plan(
         node=placement.node,
         placement=placement,
-        request=request,
-        needs=needs,
+        request=demand.request,
+        needs=demand.needs,
         expired=dict(exactness.expired),
+        claims=cache.claim_binding(demand.volumes, placement.node),
     )

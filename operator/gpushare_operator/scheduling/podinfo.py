@@ -30,6 +30,7 @@ from gpushare.model.bodies import Body, annotations_of, labels_of, resource_vers
 from gpushare.model.filters import PodNeeds, pod_needs, unsupported
 from gpushare.model.gangs import GroupApi, GroupKey, group_of, volcano_default_group
 from gpushare.model.usage import FINISHED_PHASES, PodUid, pod_ref
+from gpushare.model.volumes import PodVolumes, pod_volumes
 from gpushare_operator.scheduling.slim import slim_pod
 
 
@@ -44,6 +45,8 @@ class Demand:
     for a pod created before the webhook (read in the unit of whichever node it lands on)."""
     scheduler_name: str | None = None
     """The pod's spec.schedulerName: a node's device plugin serves only the names it is told."""
+    volumes: PodVolumes | None = None
+    """The PersistentVolumeClaims it uses, if any."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,7 +145,13 @@ class PodInfo:
             if request.kind is GpuKind.MEMORY:
                 asked = memory_asked(annotations_of(self.body), owner=f"pod {self.ref}")
             unit_mib = None if asked is None else asked.unit_mib
-            demand = Demand(request, pod_needs(self.body), unit_mib, self.scheduler_name)
+            demand = Demand(
+                request,
+                pod_needs(self.body),
+                unit_mib,
+                self.scheduler_name,
+                pod_volumes(self.body),
+            )
         except GpuShareError as error:
             return str(error)
         return unsupported(self.body) or demand

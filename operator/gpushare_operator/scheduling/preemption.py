@@ -322,7 +322,7 @@ def node_check_for(cache: SchedulerCache, demand: Demand) -> NodeCheckWithout:
     units = unit_check(
         cache.ledger, demand.unit_mib, served_check(cache.ledger, demand.scheduler_name, None)
     )
-    without = cache.node_check_without(demand.needs)
+    without = cache.node_check_without(demand.needs, demand.volumes)
 
     def check(node: NodeName, gone: frozenset[PodUid]) -> str | None:
         return units(node) or without(node, gone)

@@ -61,6 +61,17 @@ def _slim_container(container: Body) -> dict[str, Any]:
     return kept
 
 
+def _slim_claim(volume: Body) -> dict[str, Any]:
+    """A volume that names a PersistentVolumeClaim (or makes one: a generic ephemeral
+    volume), kept for the claim's name alone; {} for any other volume."""
+    claim = volume.get("persistentVolumeClaim")
+    if isinstance(claim, dict):
+        return {"name": volume.get("name"), "persistentVolumeClaim": _pick(claim, ("claimName",))}
+    if isinstance(volume.get("ephemeral"), dict):
+        return {"name": volume.get("name"), "ephemeral": {}}
+    return {}
+
+
 def slim_pod(body: Body) -> dict[str, Any]:
     """The fields of a pod the scheduler and the model read."""
     spec = path(body, "spec")
@@ -68,6 +79,9 @@ def slim_pod(body: Body) -> dict[str, Any]:
     for key in ("containers", "initContainers"):
         if isinstance(spec.get(key), list):
             slim_spec[key] = [_slim_container(c) for c in spec[key] if isinstance(c, dict)]
+    claims = [_slim_claim(v) for v in sequence(spec.get("volumes"))]
+    if any(claims):
+        slim_spec["volumes"] = [claim for claim in claims if claim]
     metadata = _pick(path(body, "metadata"), _POD_METADATA)
     annotations = {k: v for k, v in annotations_of(body).items() if k in _POD_ANNOTATIONS}
     if annotations:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from builders import gpu_pod
-from scripted import Apiserver, listing
+from scripted import Apiserver, forbidden, listing
 
 from gpushare.model import contract
 from gpushare.model.annotations import CardIndex
@@ -379,3 +379,36 @@ def test_explain_names_a_node_whose_device_plugin_serves_not_the_pods_scheduler_
     )
     assert f"0/1 nodes are available: 1 {why}. no preemption" in out
     assert out.splitlines()[-1].split(maxsplit=1) == ["gpu-1", f"{why}  -"]
+
+
+def test_explain_says_a_pod_waits_for_its_claim_as_the_operator_would(
+    apiserver: Apiserver, source: Source, capsys: pytest.CaptureFixture[str]
+) -> None:
+    apiserver["/api/v1/nodes"] = listing(node("gpu-1"))
+    apiserver[GPUNODES] = listing(h200s("gpu-1", 2))
+    asking = converted(gpu_pod("t", 12), 6144)
+    asking["spec"]["volumes"] = [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]
+    apiserver["/api/v1/pods"] = listing(asking)
+    claim = {"metadata": {"name": "data", "namespace": "default"}, "spec": {}}
+    apiserver["/api/v1/persistentvolumeclaims"] = listing(claim)
+    apiserver["/api/v1/persistentvolumes"] = listing()
+    apiserver["/apis/storage.k8s.io/v1/storageclasses"] = listing()
+    _, out = gpushare(capsys, source, "explain", "t")
+    assert "0/1 nodes are available: 1 pod has unbound immediate PersistentVolumeClaims." in out
+
+
+def test_explain_says_claims_are_not_checked_where_volumes_are_not_visible(
+    apiserver: Apiserver, source: Source, capsys: pytest.CaptureFixture[str]
+) -> None:
+    apiserver["/api/v1/nodes"] = listing(node("gpu-1"))
+    apiserver[GPUNODES] = listing(h200s("gpu-1", 2))
+    asking = converted(gpu_pod("t", 12), 6144)
+    asking["spec"]["volumes"] = [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]
+    apiserver["/api/v1/pods"] = listing(asking)
+    apiserver["/api/v1/persistentvolumeclaims"] = listing()
+    apiserver["/api/v1/persistentvolumes"] = forbidden("persistentvolumes")
+    status = main(["--kubeconfig", str(source.files[0]), "-n", "default", "explain", "t"])
+    shown = capsys.readouterr()
+    assert status == 0
+    assert "pods' claims are not checked (the operator checks them)" in shown.err
+    assert "placeable now (bestfit): gpu-1 card 0" in shown.out
