@@ -33,7 +33,7 @@ from gpushare.kube.http2 import Http2Writer
 from gpushare.kube.reflector import ListCall
 from gpushare.model import PodRef, contract
 from gpushare.model.gangs import PLURAL, GroupApi, GroupKey
-from gpushare.model.volumes import SELECTED_NODE, ClaimKey
+from gpushare.model.volumes import BOUND_BY_CONTROLLER, SELECTED_NODE, ClaimKey
 
 COMPONENT = "gpushare-scheduler"
 FENCE_PROBE = "gpushare-fence-probe"
@@ -53,6 +53,13 @@ class SchedulerApi(Protocol):
         """The list (and watch) call of `pods`, `nodes`, `gpunodes`, `priorityclasses`,
         `poddisruptionbudgets`, `persistentvolumeclaims`, `persistentvolumes`,
         `storageclasses`, or the PodGroups of a `GroupApi` (its name), for a Reflector."""
+        ...
+
+    async def promise_volume(
+        self, volume: str, version: int, claim: ClaimKey, claim_uid: str
+    ) -> dict[str, Any]:
+        """Write `claim` in a PersistentVolume's claimRef, if it is still at `version` (the
+        PersistentVolume controller then binds the two); the volume as written."""
         ...
 
     async def select_node(self, claim: ClaimKey, node: str, version: int) -> dict[str, Any]:
@@ -346,6 +353,28 @@ class KubeSchedulerApi:
                 sending=lambda: self._check_leading(f"POST {path}"),
                 timeout_s=self._timeout,
             )
+
+    async def promise_volume(
+        self, volume: str, version: int, claim: ClaimKey, claim_uid: str
+    ) -> dict[str, Any]:
+        namespace, name = claim
+        reference = {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "namespace": namespace,
+            "name": name,
+            "uid": claim_uid,
+        }
+        # As kube-scheduler writes it (its binder's bindAPIUpdate), with the version decided on.
+        metadata: dict[str, Any] = {"annotations": {BOUND_BY_CONTROLLER: "yes"}}
+        if version >= 0:
+            metadata["resourceVersion"] = str(version)
+        body = {"metadata": metadata, "spec": {"claimRef": reference}}
+        return await raw_json(
+            self._core.patch_persistent_volume(
+                volume, body, _preload_content=False, _request_timeout=self._timeout
+            )
+        )
 
     async def select_node(self, claim: ClaimKey, node: str, version: int) -> dict[str, Any]:
         namespace, name = claim

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +37,8 @@ from gpushare.kube.retry import (
 from gpushare.model import Placement, PodRef, PodUid, contract
 from gpushare.model.bodies import Body, annotations_of, path
 from gpushare.model.gangs import GroupKey, GroupSpec
-from gpushare.model.volumes import ClaimBinding, ClaimKey, claim_facts
+from gpushare.model.volume_binding import ClaimBinding
+from gpushare.model.volumes import claim_facts, volume_facts
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.election import WriteFence
 from gpushare_operator.intake import Changes
@@ -508,18 +510,36 @@ class Scheduler:
         slot: _Slot,
         log: FilteringBoundLogger,
     ) -> bool:
-        """kube-scheduler's VolumeBinding PreBind: give the pod's waiting claims its node, then
-        wait (the card assumed meanwhile) until their provisioner has bound them to volumes
-        the node reaches. False: it cannot go on, and the pod is tried again after a backoff."""
+        """kube-scheduler's VolumeBinding PreBind: give the pod's waiting claims their volumes
+        on the node, or the node for their provisioner, then wait (the card assumed meanwhile)
+        until they are bound to volumes the node reaches. False: it cannot go on, and the pod
+        is tried again after a backoff."""
         pod = decision.pod.ref
-        for claim, version in binding.select:
-            name = f"persistentvolumeclaim {claim[0]}/{claim[1]}"
+        book = self.cache.volumes
+        writes: list[tuple[str, Callable[[], Awaitable[Body]], Callable[[Body], object]]] = [
+            (
+                f"persistentvolume {bind.volume}",
+                functools.partial(
+                    self._api.promise_volume, bind.volume, bind.version, bind.claim, bind.claim_uid
+                ),
+                lambda written: book.observe_volume(volume_facts(written)),
+            )
+            for bind in binding.bind
+            if not bind.promised
+        ]
+        writes += [
+            (
+                f"persistentvolumeclaim {claim[0]}/{claim[1]}",
+                functools.partial(self._api.select_node, claim, binding.node, version),
+                lambda written: book.observe_claim(claim_facts(written)),
+            )
+            for claim, version in binding.select
+        ]
+        for name, call, observe in writes:
 
-            async def write(
-                claim: ClaimKey = claim, version: int = version, name: str = name
-            ) -> Body:
-                self._fence.check(f"select node for {name}")  # before every attempt
-                return await self._api.select_node(claim, binding.node, version)
+            async def write(name: str = name, call: Callable[[], Awaitable[Body]] = call) -> Body:
+                self._fence.check(f"write {name}")  # before every attempt
+                return await call()
 
             try:
                 written = await retry(write, WRITE)
@@ -535,7 +555,7 @@ class Scheduler:
             except (OSError, TimeoutError) as error:
                 self._volumes_not_bound(decision, log, f"{name}: {error!r}")
                 return False
-            self.cache.volumes.observe_claim(claim_facts(written))
+            observe(written)  # what the next decision sees, before the watch shows it
         log.info("claims_waiting", claims=[f"{ns}/{name}" for ns, name in binding.wait])
         async with slot.lent():  # binds of other pods go on meanwhile
             state = await self._claims_ready(decision, binding, log)

@@ -56,7 +56,8 @@ from gpushare.model.filters import NodeFacts, PodNeeds, node_facts, node_reason
 from gpushare.model.preemption import Evictable, Evictables, GangHold, NodeCheckWithout, View
 from gpushare.model.request import Signature
 from gpushare.model.resources import PODS, add_into, pod_requests
-from gpushare.model.volumes import ClaimBinding, ClaimNeeds, PodVolumes, VolumeBook, pod_volumes
+from gpushare.model.volume_binding import ClaimBinding, ClaimNeeds, VolumeBook
+from gpushare.model.volumes import PodVolumes, pod_volumes
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.scheduling.exactness import ExactnessCheck, Pin, Pins
 from gpushare_operator.scheduling.podinfo import Demand, PodInfo
@@ -486,7 +487,10 @@ class SchedulerCache:
     def claim_binding(self, volumes: PodVolumes | None, node: NodeName) -> ClaimBinding | None:
         """What binding a pod with `volumes` to `node` asks of its claims first."""
         claims = self.claim_needs(volumes)
-        return claims.binding(node) if isinstance(claims, ClaimNeeds) else None
+        facts = self._facts.get(node)
+        if not isinstance(claims, ClaimNeeds) or facts is None:
+            return None
+        return claims.binding(facts)
 
     def binding_state(self, binding: ClaimBinding) -> str | None:
         """`VolumeBook.binding_state` against the node as it is now."""

@@ -28,7 +28,7 @@ from gpushare.model import (
 from gpushare.model.filters import PodNeeds, choose_node
 from gpushare.model.placement import Policy, served_check, unit_check
 from gpushare.model.usage import PodUid
-from gpushare.model.volumes import ClaimBinding
+from gpushare.model.volume_binding import ClaimBinding
 from gpushare_operator.scheduling.cache import SchedulerCache
 from gpushare_operator.scheduling.exactness import ExactnessCheck
 from gpushare_operator.scheduling.podinfo import Demand, PodInfo

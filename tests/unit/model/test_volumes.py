@@ -5,16 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from gpushare.model.filters import NodeFacts
-from gpushare.model.volumes import (
-    BIND_COMPLETED,
+from gpushare.model.volume_binding import (
     BIND_CONFLICT,
     MISSING_VOLUME,
     NODE_CONFLICT,
-    SELECTED_NODE,
     UNBOUND_IMMEDIATE,
     ClaimBinding,
     ClaimNeeds,
     VolumeBook,
+)
+from gpushare.model.volumes import (
+    BIND_COMPLETED,
+    SELECTED_NODE,
     claim_facts,
     class_facts,
     pod_volumes,
@@ -82,7 +84,7 @@ def test_a_bound_claim_takes_its_pod_to_the_zone_of_its_volume() -> None:
     assert isinstance(needs, ClaimNeeds)
     assert needs.reason(node("a", "z1")) is None
     assert needs.reason(node("b", "z2")) == NODE_CONFLICT
-    assert needs.binding("a") is None  # nothing to provision
+    assert needs.binding(node("a", "z1")) is None  # nothing to provision
 
 
 def test_a_claim_bound_to_a_volume_that_is_gone_fits_no_node() -> None:
@@ -111,7 +113,7 @@ def test_a_waiting_claim_is_provisioned_only_in_its_class_topologies() -> None:
     assert isinstance(needs, ClaimNeeds)
     assert needs.reason(node("a", "z1")) == BIND_CONFLICT
     assert needs.reason(node("b", "z2")) is None
-    assert needs.binding("b") == ClaimBinding(
+    assert needs.binding(node("b", "z2")) == ClaimBinding(
         node="b", select=((("ns", "data"), 1),), wait=(("ns", "data"),)
     )
 
@@ -122,20 +124,106 @@ def test_a_claim_given_a_node_is_not_given_another() -> None:
     needs = book(given, fast=WAITS).needs(pod_volumes(pod(CLAIM_VOLUME)))  # type: ignore[arg-type]
     assert isinstance(needs, ClaimNeeds)
     assert needs.reason(node("a", "z1")) == BIND_CONFLICT
-    assert needs.binding("b") == ClaimBinding(node="b", select=(), wait=(("ns", "data"),))
-
-
-def test_a_claim_of_a_class_without_provisioner_is_refused_with_the_fix() -> None:
-    local = {
-        "provisioner": "kubernetes.io/no-provisioner",
-        "volumeBindingMode": "WaitForFirstConsumer",
-    }
-    needs = book(claim("data", storageClassName="local"), local=local).needs(
-        pod_volumes(pod(CLAIM_VOLUME))  # type: ignore[arg-type]
+    assert needs.binding(node("b", "z1")) == ClaimBinding(
+        node="b", select=(), wait=(("ns", "data"),)
     )
-    assert isinstance(needs, str)
-    assert 'StorageClass "local" has no provisioner' in needs
-    assert "spec.volumeName" in needs
+
+
+LOCAL = {"provisioner": "kubernetes.io/no-provisioner", "volumeBindingMode": "WaitForFirstConsumer"}
+
+
+def local_volume(
+    name: str, zone: str, size: str, *, labels: dict[str, str] | None = None, **spec: Any
+) -> dict[str, Any]:
+    body = zonal_volume(name, zone)
+    body["metadata"]["labels"] = labels or {}
+    body["metadata"]["resourceVersion"] = "3"
+    body["spec"].update(
+        {
+            "storageClassName": "local",
+            "capacity": {"storage": size},
+            "accessModes": ["ReadWriteOnce"],
+            **spec,
+        }
+    )
+    body["status"] = {"phase": "Available"}
+    return body
+
+
+def local_claim(name: str, size: str = "10Gi", **spec: Any) -> dict[str, Any]:
+    return claim(
+        name,
+        storageClassName="local",
+        accessModes=["ReadWriteOnce"],
+        resources={"requests": {"storage": size}},
+        **spec,
+    )
+
+
+def test_a_claim_takes_the_smallest_available_volume_that_fits_it_on_the_node() -> None:
+    volumes = book(local_claim("data"), local=LOCAL)
+    for body in (
+        local_volume("small", "z1", "5Gi"),  # too small
+        local_volume("big", "z1", "100Gi"),
+        local_volume("right", "z1", "20Gi"),
+        local_volume("other-zone", "z2", "10Gi"),
+        local_volume("many-readers", "z1", "10Gi", accessModes=["ReadOnlyMany"]),
+        local_volume("raw", "z1", "10Gi", volumeMode="Block"),
+    ):
+        volumes.observe_volume(volume_facts(body))
+    taken = local_volume("taken", "z1", "10Gi", claimRef={"namespace": "ns", "name": "x"})
+    volumes.observe_volume(volume_facts(taken))
+    needs = volumes.needs(pod_volumes(pod(CLAIM_VOLUME)))  # type: ignore[arg-type]
+    assert isinstance(needs, ClaimNeeds)
+    binding = needs.binding(node("a", "z1"))
+    assert binding is not None
+    assert [bind.volume for bind in binding.bind] == ["right"]
+    assert binding.select == ()  # nothing to provision
+    assert needs.binding(node("b", "z2")).bind[0].volume == "other-zone"  # type: ignore[union-attr]
+    assert needs.reason(node("c", "z3")) == BIND_CONFLICT  # no volume there, no provisioner
+
+
+def test_a_claims_selector_and_a_volume_made_for_it_decide_which_it_takes() -> None:
+    selective = local_claim("data", selector={"matchLabels": {"disk": "nvme"}})
+    volumes = book(selective, local=LOCAL)
+    volumes.observe_volume(volume_facts(local_volume("sata", "z1", "10Gi")))
+    volumes.observe_volume(
+        volume_facts(local_volume("nvme", "z1", "50Gi", labels={"disk": "nvme"}))
+    )
+    needs = volumes.needs(pod_volumes(pod(CLAIM_VOLUME)))  # type: ignore[arg-type]
+    assert needs.binding(node("a", "z1")).bind[0].volume == "nvme"  # type: ignore[union-attr]
+    made = local_volume("made", "z2", "10Gi", claimRef={"namespace": "ns", "name": "data"})
+    made["status"]["phase"] = "Pending"
+    volumes.observe_volume(volume_facts(made))
+    needs = volumes.needs(pod_volumes(pod(CLAIM_VOLUME)))  # type: ignore[arg-type]
+    assert isinstance(needs, ClaimNeeds)
+    assert needs.reason(node("a", "z1")) == BIND_CONFLICT  # only the one made for it
+    chosen = needs.binding(node("b", "z2"))
+    assert chosen is not None
+    assert chosen.bind[0].volume == "made"
+    assert chosen.bind[0].promised  # its claimRef names the claim already: nothing to write
+
+
+def test_a_volume_given_to_one_claim_is_not_given_to_another() -> None:
+    volumes = book(local_claim("data"), local_claim("logs"), local=LOCAL)
+    volumes.observe_volume(volume_facts(local_volume("only", "z1", "10Gi")))
+    both = pod(CLAIM_VOLUME, {"name": "logs", "persistentVolumeClaim": {"claimName": "logs"}})
+    needs = volumes.needs(pod_volumes(both))  # type: ignore[arg-type]
+    assert isinstance(needs, ClaimNeeds)
+    assert needs.reason(node("a", "z1")) == BIND_CONFLICT  # one volume, two claims
+    alone = volumes.needs(pod_volumes(pod(CLAIM_VOLUME)))  # type: ignore[arg-type]
+    assert isinstance(alone, ClaimNeeds)
+    binding = alone.binding(node("a", "z1"))
+    assert binding is not None
+    volumes.select(binding)  # decided: the next decision sees the volume taken
+    other = pod({"name": "logs", "persistentVolumeClaim": {"claimName": "logs"}}, name="q")
+    later = volumes.needs(pod_volumes(other))  # type: ignore[arg-type]
+    assert isinstance(later, ClaimNeeds)
+    assert later.reason(node("a", "z1")) == BIND_CONFLICT
+    volumes.unselect(binding)  # its write failed
+    again = volumes.needs(pod_volumes(other))  # type: ignore[arg-type]
+    assert isinstance(again, ClaimNeeds)
+    assert again.reason(node("a", "z1")) is None
 
 
 def test_an_ephemeral_volume_waits_for_its_claim_and_accepts_only_its_own() -> None:
@@ -187,7 +275,7 @@ def test_a_bind_waits_until_the_claim_is_bound_to_a_volume_the_node_reaches() ->
     assert volumes.binding_state(binding, node("a", "z1")) == ""  # the volume not yet seen
     volumes.observe_volume(volume_facts(zonal_volume("pv-1", "z2")))
     assert volumes.binding_state(binding, node("a", "z1")) == (
-        "persistentvolume pv-1, provisioned for persistentvolumeclaim ns/data, cannot be "
+        "persistentvolume pv-1, bound to persistentvolumeclaim ns/data, cannot be "
         "reached from node a (its node affinity)"
     )
     volumes.observe_volume(volume_facts(zonal_volume("pv-1", "z1")))

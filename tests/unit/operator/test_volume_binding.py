@@ -36,6 +36,7 @@ class Api:
     def __init__(self, claims: Mapping[ClaimKey, dict[str, Any]]) -> None:
         self.claims = {key: copy.deepcopy(body) for key, body in claims.items()}
         self.selected: list[tuple[str, str]] = []
+        self.promised: list[tuple[str, str, str]] = []
         self.binds: list[tuple[str, str]] = []
         self.conditions: list[str] = []
         self.refuse_claims: ApiError | None = None
@@ -50,6 +51,15 @@ class Api:
         body["metadata"].setdefault("annotations", {})[SELECTED_NODE] = node
         body["metadata"]["resourceVersion"] = str(int(body["metadata"]["resourceVersion"]) + 1)
         return copy.deepcopy(body)
+
+    async def promise_volume(
+        self, volume: str, version: int, claim: ClaimKey, claim_uid: str
+    ) -> dict[str, Any]:
+        self.promised.append((volume, claim[1], claim_uid))
+        written = local_volume(volume, "b")
+        written["spec"]["claimRef"] = {"namespace": claim[0], "name": claim[1], "uid": claim_uid}
+        written["metadata"]["resourceVersion"] = str(version + 1)
+        return written
 
     async def bind(
         self, pod: PodRef, node: str, annotations: Mapping[str, str], labels: Mapping[str, str] = {}
@@ -84,13 +94,10 @@ def claim(
     return body
 
 
-def storage_class(name: str, mode: str = "WaitForFirstConsumer", **extra: Any) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name},
-        "provisioner": "disk.example.com",
-        "volumeBindingMode": mode,
-        **extra,
-    }
+def storage_class(
+    name: str, mode: str = "WaitForFirstConsumer", provisioner: str = "disk.example.com"
+) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "provisioner": provisioner, "volumeBindingMode": mode}
 
 
 def volume(name: str, *, on_node: str | None = None) -> dict[str, Any]:
@@ -107,6 +114,21 @@ def volume(name: str, *, on_node: str | None = None) -> dict[str, Any]:
                 ]
             }
         }
+    return body
+
+
+def local_volume(name: str, on_node: str) -> dict[str, Any]:
+    """A pre-provisioned volume of class local that only `on_node` reaches."""
+    body = volume(name, on_node=on_node)
+    body["metadata"]["resourceVersion"] = "4"
+    body["spec"].update(
+        {
+            "storageClassName": "local",
+            "capacity": {"storage": "10Gi"},
+            "accessModes": ["ReadWriteOnce"],
+        }
+    )
+    body["status"] = {"phase": "Available"}
     return body
 
 
@@ -138,7 +160,9 @@ def operator(
         intake.node_event("ADDED", node(name))
     intake.class_event("ADDED", class_facts(storage_class("fast")))
     intake.class_event("ADDED", class_facts(storage_class("slow", "Immediate")))
-    intake.listed_classes({"fast", "slow"}, "1")
+    local = storage_class("local", provisioner="kubernetes.io/no-provisioner")
+    intake.class_event("ADDED", class_facts(local))
+    intake.listed_classes({"fast", "slow", "local"}, "1")
     for body in volumes:
         intake.volume_event("ADDED", volume_facts(body))
     for body in claims:
@@ -353,3 +377,21 @@ async def test_a_claim_made_for_a_named_volume_waits_for_the_volume_controller()
     assert api.conditions[0].startswith(
         "0/2 nodes are available: 2 pod has unbound immediate PersistentVolumeClaims."
     )
+
+
+async def test_a_claim_is_given_a_pre_provisioned_volume_and_its_pod_goes_where_that_is() -> None:
+    data = claim("data", "local")
+    data["spec"]["accessModes"] = ["ReadWriteOnce"]
+    data["spec"]["resources"] = {"requests": {"storage": "10Gi"}}
+    api = Api({("default", "data"): data})
+    scheduler, intake = operator(api, claims=[data], volumes=[local_volume("disk-b", "b")])
+    async with running(scheduler, intake):
+        intake.pod_event("ADDED", pod_with_claims("p", "data"))
+        await settle()
+        assert api.promised == [("disk-b", "data", "claim-data")]
+        assert api.selected == []  # nothing to provision
+        assert api.binds == []  # until the PersistentVolume controller binds the claim
+        bound = claim("data", "local", volume="disk-b", version=6)
+        intake.claim_event("MODIFIED", claim_facts(bound))
+        await settle()
+    assert api.binds == [("p", "b")]
