@@ -159,7 +159,7 @@ OPTIONS = (
         live="bindTimeoutSeconds",
         schema=_SECONDS_SCHEMA,
         parse=options.seconds,
-        help="seconds for one Binding call",
+        help="seconds for each API call (a Binding, an Event, a read, a write, the Lease)",
     ),
     Option(
         field="backoff_initial_s",

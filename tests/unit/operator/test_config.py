@@ -132,7 +132,10 @@ def test_the_help_names_each_variable_and_default() -> None:
     parser = argparse.ArgumentParser()
     add_flags(parser)
     shown = " ".join(parser.format_help().split())
-    assert "--bind-timeout BIND_TIMEOUT_S seconds for one Binding call" in shown
+    assert (
+        "--bind-timeout BIND_TIMEOUT_S seconds for each API call (a Binding, an Event, a read, "
+        "a write, the Lease)"
+    ) in shown
     assert "($GPUSHARE_BIND_TIMEOUT; default 10)" in shown
     assert "($GPUSHARE_SCHEDULER_NAMES; default volcano)" in shown
     assert "($GPUSHARE_LEADER_ELECT; default true)" in shown

@@ -762,6 +762,81 @@ async def test_a_pod_that_bypasses_the_scheduler_is_refused_with_a_reason(
     assert "without volcano.sh/gpu-index" in pod["status"]["message"]
 
 
+async def test_a_pod_with_a_local_volume_runs_where_the_volume_is_and_reads_it(
+    real: Cluster, core: client.CoreV1Api, tmp_path: Path
+) -> None:
+    """The operator gives a WaitForFirstConsumer claim the pre-provisioned local volume of
+    wide-node (best-fit alone would choose gpu-node-1's smaller card); kube-controller-manager's
+    PersistentVolume controller binds the two; the kubelet mounts the disk."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    (disk / "hello").write_text("from the local disk\n")
+    storage = client.StorageV1Api(cast(Any, core).api_client)
+    local = {
+        "metadata": {"name": "local-test"},
+        "provisioner": "kubernetes.io/no-provisioner",
+        "volumeBindingMode": "WaitForFirstConsumer",
+    }
+    term = {
+        "matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": [real.wide.real.name]}
+        ]
+    }
+    volume = {
+        "metadata": {"name": "local-wide"},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "local-test",
+            "local": {"path": str(disk)},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [term]}},
+        },
+    }
+    claim = {
+        "metadata": {"name": "scratch"},
+        "spec": {
+            "storageClassName": "local-test",
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+    await raw_json(storage.create_storage_class(cast(Any, local), _preload_content=False))
+    await raw_json(core.create_persistent_volume(cast(Any, volume), _preload_content=False))
+    await raw_json(
+        core.create_namespaced_persistent_volume_claim(
+            "default", cast(Any, claim), _preload_content=False
+        )
+    )
+    try:
+        toleration = {**SELECTED_ONLY, "operator": "Equal"}
+        body = gpu_pod("with-disk", 1024, tolerations=[toleration])
+        body["spec"]["volumes"] = [{"name": "d", "persistentVolumeClaim": {"claimName": "scratch"}}]
+        body["spec"]["containers"][0]["volumeMounts"] = [{"name": "d", "mountPath": "/disk"}]
+        await create_pod(core, body)
+        pod = await running(core, "with-disk", timeout_s=120)
+        assert pod["spec"]["nodeName"] == real.wide.real.name
+        read = real.kubectl("exec", "with-disk", "--", "cat", "/disk/hello")
+        assert read.stdout == "from the local disk\n"
+        bound = await raw_json(
+            core.read_namespaced_persistent_volume_claim(
+                "scratch", "default", _preload_content=False
+            )
+        )
+        assert (bound["spec"]["volumeName"], bound["status"]["phase"]) == ("local-wide", "Bound")
+    finally:
+        await core.delete_collection_namespaced_pod("default", grace_period_seconds=0)
+        with contextlib.suppress(kube.ApiError):
+            await raw_json(
+                core.delete_namespaced_persistent_volume_claim(
+                    "scratch", "default", _preload_content=False
+                )
+            )
+        with contextlib.suppress(kube.ApiError):
+            await raw_json(core.delete_persistent_volume("local-wide", _preload_content=False))
+        with contextlib.suppress(kube.ApiError):
+            await raw_json(storage.delete_storage_class("local-test", _preload_content=False))
+
+
 @pytest.mark.parametrize("mib", [1024, 16384])
 async def test_the_pods_size_grows_with_its_device_ids_as_the_unit_makes_it(
     real: Cluster, core: client.CoreV1Api, mib: int
