@@ -246,10 +246,9 @@ class Runtime:
             *groups,
             self._pods,
         )
-        claims = volumes[2]
-        self._leader_written: tuple[Reflector[Any], ...] = (claims, *groups, self._pods)
+        self._leader_written: tuple[Reflector[Any], ...] = (*volumes[1:], *groups, self._pods)
         """What a leader writes and decides by (Bindings, evictions and conditions on pods;
-        PodGroups' status; the node of a claim that waits for its first consumer): a LIST of
+        PodGroups' status; a claim's node, a volume's claim): a LIST of
         it that began before a leadership may lack the last writes of the leader before. Of
         the other kinds a leader writes only GPUNodes' status,
         which no decision reads (it is read back for its conditions' times alone)."""

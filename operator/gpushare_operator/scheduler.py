@@ -111,12 +111,12 @@ class _Slot:
 
     @contextlib.asynccontextmanager
     async def lent(self) -> AsyncIterator[None]:
+        """Given back for the block; taken again after it, unless it ended in an error (a
+        cancellation: the bind is over)."""
         self.release()
-        try:
-            yield
-        finally:
-            await self._slots.acquire()  # cancelled while waiting: nothing is held
-            self._held = True
+        yield
+        await self._slots.acquire()  # cancelled while waiting: nothing is held
+        self._held = True
 
 
 class Scheduler:

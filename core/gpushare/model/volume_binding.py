@@ -102,7 +102,8 @@ class ClaimNeeds:
         select: list[tuple[ClaimKey, int]] = []
         binds: list[VolumeBind] = []
         taken: set[str] = set()
-        for delayed in self.delayed:
+        # The claims asking most first, as kube-scheduler matches them.
+        for delayed in sorted(self.delayed, key=lambda d: -d.claim.request):
             claim = delayed.claim
             if claim.selected_node is None:
                 volume = next(
@@ -152,8 +153,8 @@ class VolumeBook:
     def observe_claim(self, claim: Claim) -> bool:
         """Take a claim's state; whether anything a decision reads changed."""
         before = self.claims.get(claim.key)
-        if before is not None and -1 < claim.version < before.version:
-            return False  # an older copy than the one held
+        if before is not None and -1 < claim.version <= before.version:
+            return False  # not newer than the copy held (which may hold an assumption)
         self.claims[claim.key] = claim
         return before is None or _decides(before) != _decides(claim)
 
@@ -162,10 +163,10 @@ class VolumeBook:
 
     def observe_volume(self, volume: Volume) -> bool:
         before = self.volumes.get(volume.name)
-        if before is not None and -1 < volume.version < before.version:
-            return False  # an older copy than the one held
+        if before is not None and -1 < volume.version <= before.version:
+            return False  # not newer than the copy held (which may hold an assumption)
         self._put_volume(volume)
-        return before != volume
+        return before is None or replace(before, version=-1) != replace(volume, version=-1)
 
     def forget_volume(self, name: str) -> bool:
         return self._drop_volume(name) is not None
@@ -228,10 +229,12 @@ class VolumeBook:
     def _volumes_for(self, claim: Claim) -> tuple[Volume, ...]:
         """The pre-provisioned volumes `claim` may take, the node aside: the one made for it
         alone, else those that fit it, smallest first (FindMatchingVolume)."""
-        fitting = [v for v in self._by_class.get(claim.class_name, {}).values() if v.fits(claim)]
+        if not claim.uid:
+            return ()  # a claimRef needs it: the PV controller never lets go of one without
         made = self.volumes.get(self._made_for.get(claim.key, ""))
-        if made is not None and made.made_for(claim):
-            return (made,) if made.fits(claim) else ()
+        if made is not None and made.made_for(claim) and made.fits(claim):
+            return (made,)
+        fitting = [v for v in self._by_class.get(claim.class_name, {}).values() if v.fits(claim)]
         return tuple(sorted(fitting, key=lambda v: (v.capacity, v.name)))
 
     def binding_state(self, binding: ClaimBinding, node: NodeFacts | None) -> str | None:
@@ -276,6 +279,12 @@ class VolumeBook:
                 )
             return None
         volume = self.volumes.get(bind.volume)
+        reset = volume is not None and volume.version > bind.version and not bind.promised
+        if reset and (volume is None or volume.claim_ref is None or not volume.claim_ref[2]):
+            return (
+                f"persistentvolume {bind.volume}, given to persistentvolumeclaim {name}, was "
+                "given back (its claimRef was reset)"
+            )
         if volume is None or volume.deleting:
             return (
                 f"persistentvolume {bind.volume}, given to persistentvolumeclaim {name}, was "

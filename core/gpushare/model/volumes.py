@@ -49,6 +49,8 @@ class Claim:
     mode: str = FILESYSTEM
     selector: Body | None = None
     """Its `spec.selector` of volumes' labels; None: any volume."""
+    attributes_class: str = ""
+    """`spec.volumeAttributesClassName`."""
     version: int = -1
     """Its resourceVersion (-1 when unknown): an older copy never replaces a newer one."""
 
@@ -68,6 +70,8 @@ class Volume:
     """(namespace, name, uid) of the claim it is bound or promised to (uid "" when unsaid)."""
     available: bool = False
     """`status.phase` is Available: no claim has it."""
+    attributes_class: str = ""
+    """`spec.volumeAttributesClassName`; a claim takes only a volume of its own."""
     deleting: bool = False
     version: int = -1
 
@@ -79,6 +83,8 @@ class Volume:
     def fits(self, claim: Claim) -> bool:
         """Whether it could serve `claim`, the node aside (FindMatchingVolume's checks)."""
         if self.deleting or self.capacity < claim.request or self.mode != claim.mode:
+            return False
+        if self.attributes_class != claim.attributes_class:
             return False
         if self.made_for(claim):
             return True
@@ -92,14 +98,11 @@ class Volume:
 
     def reaches(self, node: NodeFacts) -> bool:
         """Whether `node` matches its node affinity, by the node's labels alone as Kubernetes
-        matches a volume's (a term's matchFields never match)."""
+        matches a volume's (the node it builds has no name)."""
         if self.node_terms is None:
             return True
         unnamed = replace(node, name="")
-        return any(
-            not sequence(term.get("matchFields")) and term_matches(term, unnamed)
-            for term in self.node_terms
-        )
+        return any(term_matches(term, unnamed) for term in self.node_terms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +191,7 @@ def claim_facts(body: Body) -> Claim:
         access_modes=_modes(spec),
         mode=text(spec.get("volumeMode")) or FILESYSTEM,
         selector=selector if isinstance(selector, dict) else None,
+        attributes_class=text(spec.get("volumeAttributesClassName")) or "",
         version=_version(meta),
     )
 
@@ -219,6 +223,7 @@ def volume_facts(body: Body) -> Volume:
             text(ref.get("uid")) or "",
         ),
         available=path(body, "status").get("phase") == "Available",
+        attributes_class=text(spec.get("volumeAttributesClassName")) or "",
         deleting=bool(meta.get("deletionTimestamp")),
         version=_version(meta),
     )

@@ -43,7 +43,8 @@ def pod(*volumes: dict[str, Any], name: str = "p", uid: str = "pod-uid") -> dict
 
 
 def claim(name: str, **spec: Any) -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": "ns", "resourceVersion": "1"}, "spec": spec}
+    meta = {"name": name, "namespace": "ns", "uid": f"uid-{name}", "resourceVersion": "1"}
+    return {"metadata": meta, "spec": spec}
 
 
 def zonal_volume(name: str, zone: str) -> dict[str, Any]:
@@ -280,3 +281,45 @@ def test_a_bind_waits_until_the_claim_is_bound_to_a_volume_the_node_reaches() ->
     )
     volumes.observe_volume(volume_facts(zonal_volume("pv-1", "z1")))
     assert volumes.binding_state(binding, node("a", "z1")) is None
+
+
+def test_a_claim_takes_only_a_volume_of_its_attributes_class() -> None:
+    gold = local_claim("data", volumeAttributesClassName="gold")
+    volumes = book(gold, local=LOCAL)
+    silver = local_volume("silver", "z1", "10Gi", volumeAttributesClassName="silver")
+    volumes.observe_volume(volume_facts(silver))
+    promised = local_volume(
+        "promised-silver",
+        "z1",
+        "10Gi",
+        volumeAttributesClassName="silver",
+        claimRef={"namespace": "ns", "name": "data", "uid": "uid-data"},
+    )
+    volumes.observe_volume(volume_facts(promised))
+    volumes.observe_volume(
+        volume_facts(local_volume("golden", "z1", "20Gi", volumeAttributesClassName="gold"))
+    )
+    needs = volumes.needs(pod_volumes(pod(CLAIM_VOLUME)))  # type: ignore[arg-type]
+    binding = needs.binding(node("a", "z1"))  # type: ignore[union-attr]
+    assert binding is not None
+    assert [bind.volume for bind in binding.bind] == ["golden"]
+
+
+def test_a_bind_fails_when_its_volume_is_given_back() -> None:
+    volumes = book(local_claim("data"), local=LOCAL)
+    volumes.observe_volume(volume_facts(local_volume("disk", "z1", "10Gi")))
+    needs = volumes.needs(pod_volumes(pod(CLAIM_VOLUME)))  # type: ignore[arg-type]
+    binding = needs.binding(node("a", "z1"))  # type: ignore[union-attr]
+    assert binding is not None
+    volumes.select(binding)
+    assert volumes.binding_state(binding, node("a", "z1")) == ""
+    # A relist at the same version does not undo what was decided.
+    volumes.observe_volume(volume_facts(local_volume("disk", "z1", "10Gi")))
+    assert volumes.binding_state(binding, node("a", "z1")) == ""
+    reset = local_volume("disk", "z1", "10Gi")
+    reset["metadata"]["resourceVersion"] = "9"  # someone took its claimRef back
+    volumes.observe_volume(volume_facts(reset))
+    assert volumes.binding_state(binding, node("a", "z1")) == (
+        "persistentvolume disk, given to persistentvolumeclaim ns/data, was given back (its "
+        "claimRef was reset)"
+    )
