@@ -48,7 +48,7 @@ def decision_loop(
         config=current,
         findings=intake.findings,
         fence=WriteFence(may_write),
-        claims=intake.claims,
+        volume_changes=intake.volume_changes,
     )
     return scheduler, intake
 

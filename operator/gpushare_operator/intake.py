@@ -39,9 +39,9 @@ Finding = tuple[str, PodInfo]
 """What the scheduler found of a pod by its own calls: (watch event type, the pod)."""
 
 
-class Changes:
-    """A wake-up for binds that wait on a kind of object (claims being provisioned): each
-    change wakes every waiter, which looks again at what it waits for."""
+class VolumeChanges:
+    """A wake-up for binds that wait until their claims are bound: each change of a claim or
+    volume wakes every waiter, which looks again at what it waits for."""
 
     def __init__(self) -> None:
         self._next = asyncio.Event()
@@ -73,7 +73,7 @@ class Intake:
         self.reporter = reporter
         self.labeller = labeller
         self.findings: asyncio.Queue[Finding] = asyncio.Queue()
-        self.claims = Changes()
+        self.volume_changes = VolumeChanges()
         """Told of every change of a claim or volume (binds wait on their claims)."""
         self.last_event: dict[str, float] = {}
         """When each kind last had an event (monotonic), for the liveness probe."""
@@ -265,7 +265,7 @@ class Intake:
         changed = (
             book.forget_claim(claim.key) if event_type == DELETED else book.observe_claim(claim)
         )
-        self.claims.changed()
+        self.volume_changes.changed()
         if changed:
             self.queue.wake()
 
@@ -275,7 +275,7 @@ class Intake:
             if f"{namespace}/{name}" not in keys:
                 book.forget_claim((namespace, name))
         book.listed = True
-        self.claims.changed()
+        self.volume_changes.changed()
         self.queue.wake()
 
     def volume_event(self, event_type: str, volume: Volume) -> None:
@@ -285,7 +285,7 @@ class Intake:
             if event_type == DELETED
             else book.observe_volume(volume)
         )
-        self.claims.changed()
+        self.volume_changes.changed()
         if changed:
             self.queue.wake()
 
@@ -293,6 +293,7 @@ class Intake:
         book = self.cache.volumes
         for name in set(book.volumes) - names:
             book.forget_volume(name)
+        self.volume_changes.changed()
 
     def class_event(self, event_type: str, storage: StorageClass) -> None:
         book = self.cache.volumes

@@ -202,6 +202,12 @@ class TermStamp:
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
+def _decided_on(version: int, metadata: dict[str, Any]) -> dict[str, Any]:
+    """`metadata` with the resourceVersion a write was decided on, a precondition: the
+    apiserver answers 409 when the object changed since (-1: no precondition)."""
+    return {**metadata, "resourceVersion": str(version)} if version >= 0 else metadata
+
+
 def _unfenced(_write: str) -> None:
     """No fence: an operator that does not elect a leader."""
 
@@ -366,9 +372,7 @@ class KubeSchedulerApi:
             "uid": claim_uid,
         }
         # As kube-scheduler writes it (its binder's bindAPIUpdate), with the version decided on.
-        metadata: dict[str, Any] = {"annotations": {BOUND_BY_CONTROLLER: "yes"}}
-        if version >= 0:
-            metadata["resourceVersion"] = str(version)
+        metadata = _decided_on(version, {"annotations": {BOUND_BY_CONTROLLER: "yes"}})
         body = {"metadata": metadata, "spec": {"claimRef": reference}}
         return await raw_json(
             self._core.patch_persistent_volume(
@@ -378,10 +382,7 @@ class KubeSchedulerApi:
 
     async def select_node(self, claim: ClaimKey, node: str, version: int) -> dict[str, Any]:
         namespace, name = claim
-        metadata: dict[str, Any] = {"annotations": {SELECTED_NODE: node}}
-        if version >= 0:  # a precondition: 409 when the claim changed since it was decided on
-            metadata["resourceVersion"] = str(version)
-        body = {"metadata": metadata}
+        body = {"metadata": _decided_on(version, {"annotations": {SELECTED_NODE: node}})}
         return await raw_json(
             self._core.patch_namespaced_persistent_volume_claim(
                 name, namespace, body, _preload_content=False, _request_timeout=self._timeout

@@ -121,7 +121,7 @@ class Runtime:
             metrics=self.metrics,
             config=self.current_config,
             findings=self.intake.findings,
-            claims=self.intake.claims,
+            volume_changes=self.intake.volume_changes,
             fence=fence,
         )
         self.status = StatusWriter(

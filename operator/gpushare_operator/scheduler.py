@@ -41,7 +41,7 @@ from gpushare.model.volume_binding import ClaimBinding
 from gpushare.model.volumes import claim_facts, volume_facts
 from gpushare_operator.config import OperatorConfig
 from gpushare_operator.election import WriteFence
-from gpushare_operator.intake import Changes
+from gpushare_operator.intake import VolumeChanges
 from gpushare_operator.kubeapi import NO_LABELS, Fenced, SchedulerApi
 from gpushare_operator.metrics import SchedulerMetrics
 from gpushare_operator.reporting import Reporter
@@ -66,7 +66,7 @@ from gpushare_operator.scheduling.preemption import (
 from gpushare_operator.scheduling.queue import CardFreeing, GangCheck, SchedulingQueue
 
 VOLUME_BIND_TIMEOUT_S = 600.0
-"""How long a bind waits for its claims' provisioner (kube-scheduler's VolumeBinding
+"""How long a bind waits until its claims are bound (kube-scheduler's VolumeBinding
 `bindTimeoutSeconds` default); the pod's card is held meanwhile."""
 CLAIM_LOOK_S = 5.0
 """How often a bind that waits for its claims looks whether its pod is still there (a
@@ -97,7 +97,7 @@ def _landed(body: Body, node: str, annotations: Mapping[str, str]) -> bool:
 
 class _Slot:
     """A bind's place among the binds in flight (`max_concurrent_binds`), acquired before its
-    task starts; lent back while it waits on others (its claims' provisioner), so that pods
+    task starts; lent back while it waits on others (until its claims are bound), so that pods
     waiting for volumes never hold up the binds of the rest."""
 
     def __init__(self, slots: asyncio.Semaphore) -> None:
@@ -132,10 +132,10 @@ class Scheduler:
         config: Callable[[], OperatorConfig],
         findings: asyncio.Queue[tuple[str, PodInfo]],
         fence: WriteFence,
-        claims: Changes | None = None,
+        volume_changes: VolumeChanges,
     ) -> None:
-        """`fence`: asked before each Binding, eviction and claim write. `claims`: told of
-        every change of a claim or volume."""
+        """`fence`: asked before each Binding, eviction, claim and volume write.
+        `volume_changes`: what binds that wait for their claims wait on."""
         self.cache = cache
         self.queue = queue
         self.gangs = gangs
@@ -145,7 +145,7 @@ class Scheduler:
         self._config = config
         self._findings = findings
         self._fence = fence
-        self._claims = claims or Changes()
+        self._volume_changes = volume_changes
         self._in_flight: set[asyncio.Task[None]] = set()  # binds and evictions
         self._slots = asyncio.Semaphore(config().max_concurrent_binds)
         self._log = logs.get("scheduler")
@@ -583,8 +583,9 @@ class Scheduler:
                 return state
             left = deadline - time.monotonic()
             if left <= 0:
-                return f"the claims were not bound within {VOLUME_BIND_TIMEOUT_S:.0f} s"
-            await self._claims.wait(min(left, CLAIM_LOOK_S))
+                claims = ", ".join(f"{ns}/{name}" for ns, name in binding.wait)
+                return f"claims {claims} were not bound within {VOLUME_BIND_TIMEOUT_S:.0f} s"
+            await self._volume_changes.wait(min(left, CLAIM_LOOK_S))
 
     def _volumes_not_bound(self, decision: _Decision, log: FilteringBoundLogger, why: str) -> None:
         """Said on the pod as kube-scheduler says a failed PreBind, and tried again later."""

@@ -1,6 +1,7 @@
 """A pod's PersistentVolumeClaims against a node, as kube-scheduler's VolumeBinding plugin
 judges them, for the claims gpushare binds: claims already bound, and claims whose
-StorageClass waits for the first consumer (`WaitForFirstConsumer`) and provisions.
+StorageClass waits for the first consumer (`WaitForFirstConsumer`), whether a volume is
+pre-provisioned or provisioned.
 
 - A bound claim (`spec.volumeName`, bind completed) goes where its PersistentVolume's node
   affinity allows (a zonal disk, a local volume).
@@ -23,6 +24,7 @@ attach limits per node, ReadWriteOncePod conflicts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from gpushare.model.filters import NodeFacts
 from gpushare.model.volumes import (
@@ -49,7 +51,7 @@ class Delayed:
 
     claim: Claim
     storage: StorageClass
-    volumes: tuple[Volume, ...] = ()
+    volumes: tuple[Volume, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +84,8 @@ class ClaimBinding:
 class ClaimNeeds:
     """A pod's claims resolved against the cluster: what each node must offer them."""
 
-    bound: tuple[tuple[Claim, Volume | None], ...] = ()
-    delayed: tuple[Delayed, ...] = ()
+    bound: tuple[tuple[Claim, Volume | None], ...]
+    delayed: tuple[Delayed, ...]
 
     def reason(self, node: NodeFacts) -> str | None:
         """Why `node` cannot take the pod's volumes, or None."""
@@ -99,11 +101,13 @@ class ClaimNeeds:
     def binding(self, node: NodeFacts) -> ClaimBinding | None:
         """What binding the pod to `node` asks of its claims first (kube-scheduler's
         FindPodVolumes); None where they cannot be bound there, or ask nothing."""
+        if not self.delayed:
+            return None
         select: list[tuple[ClaimKey, int]] = []
         binds: list[VolumeBind] = []
         taken: set[str] = set()
-        # The claims asking most first, as kube-scheduler matches them.
-        for delayed in sorted(self.delayed, key=lambda d: -d.claim.request):
+        # The claims asking least first, as kube-scheduler matches them (byPVCSize).
+        for delayed in sorted(self.delayed, key=lambda d: d.claim.request):
             claim = delayed.claim
             if claim.selected_node is None:
                 volume = next(
@@ -126,8 +130,6 @@ class ClaimNeeds:
                 return None
             if not delayed.storage.provisions_on(node):
                 return None
-        if not self.delayed:
-            return None
         return ClaimBinding(
             node=node.name,
             select=tuple(select),
@@ -153,8 +155,8 @@ class VolumeBook:
     def observe_claim(self, claim: Claim) -> bool:
         """Take a claim's state; whether anything a decision reads changed."""
         before = self.claims.get(claim.key)
-        if before is not None and -1 < claim.version <= before.version:
-            return False  # not newer than the copy held (which may hold an assumption)
+        if not _newer(claim.version, before):
+            return False
         self.claims[claim.key] = claim
         return before is None or _decides(before) != _decides(claim)
 
@@ -163,10 +165,10 @@ class VolumeBook:
 
     def observe_volume(self, volume: Volume) -> bool:
         before = self.volumes.get(volume.name)
-        if before is not None and -1 < volume.version <= before.version:
-            return False  # not newer than the copy held (which may hold an assumption)
+        if not _newer(volume.version, before):
+            return False
         self._put_volume(volume)
-        return before is None or replace(before, version=-1) != replace(volume, version=-1)
+        return before is None or _decides(before) != _decides(volume)
 
     def forget_volume(self, name: str) -> bool:
         return self._drop_volume(name) is not None
@@ -280,7 +282,7 @@ class VolumeBook:
             return None
         volume = self.volumes.get(bind.volume)
         reset = volume is not None and volume.version > bind.version and not bind.promised
-        if reset and (volume is None or volume.claim_ref is None or not volume.claim_ref[2]):
+        if reset and volume is not None and (volume.claim_ref is None or not volume.claim_ref[2]):
             return (
                 f"persistentvolume {bind.volume}, given to persistentvolumeclaim {name}, was "
                 "given back (its claimRef was reset)"
@@ -337,6 +339,15 @@ def _unusable(pod: PodVolumes, wanted: PodClaim, claim: Claim | None) -> str | N
     return None
 
 
-def _decides(claim: Claim) -> Claim:
-    """What a decision reads of the claim: all but its version."""
-    return replace(claim, version=-1)
+_Copy = TypeVar("_Copy", Claim, Volume)
+
+
+def _newer(version: int, held: Claim | Volume | None) -> bool:
+    """Whether a copy at `version` is to replace `held`: not when it is no newer (a relist's
+    copy would undo what was decided on the one held)."""
+    return held is None or not -1 < version <= held.version
+
+
+def _decides(copy: _Copy) -> _Copy:
+    """What a decision reads of a claim or volume: all but its version."""
+    return replace(copy, version=-1)

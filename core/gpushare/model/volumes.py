@@ -4,10 +4,18 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from decimal import Decimal
 
-from gpushare.model.bodies import Body, annotations_of, mapping, path, sequence, text
+from gpushare.model.bodies import (
+    Body,
+    annotations_of,
+    mapping,
+    path,
+    resource_version,
+    sequence,
+    text,
+)
 from gpushare.model.errors import GpuShareError
 from gpushare.model.filters import NodeFacts, requirement_matches, term_matches
 from gpushare.model.quantity import parse_decimal
@@ -19,7 +27,7 @@ SELECTED_NODE = "volume.kubernetes.io/selected-node"
 BOUND_BY_CONTROLLER = "pv.kubernetes.io/bound-by-controller"
 BIND_COMPLETED = "pv.kubernetes.io/bind-completed"
 BETA_STORAGE_CLASS = "volume.beta.kubernetes.io/storage-class"
-"""Read before `spec.storageClassName`, as Kubernetes reads a claim's class."""
+"""Read before `spec.storageClassName`, as Kubernetes reads a claim's and a volume's class."""
 NO_PROVISIONER = "kubernetes.io/no-provisioner"
 WAIT_FOR_FIRST_CONSUMER = "WaitForFirstConsumer"
 FILESYSTEM = "Filesystem"
@@ -42,16 +50,16 @@ class Claim:
     deleting: bool
     owner: str | None
     """The uid of its controller (a generic ephemeral volume's pod)."""
-    uid: str = ""
-    request: Decimal = Decimal(0)
+    uid: str
+    request: Decimal
     """The storage it asks for, in bytes."""
-    access_modes: frozenset[str] = frozenset()
-    mode: str = FILESYSTEM
-    selector: Body | None = None
+    access_modes: frozenset[str]
+    mode: str
+    selector: Body | None
     """Its `spec.selector` of volumes' labels; None: any volume."""
-    attributes_class: str = ""
+    attributes_class: str
     """`spec.volumeAttributesClassName`."""
-    version: int = -1
+    version: int
     """Its resourceVersion (-1 when unknown): an older copy never replaces a newer one."""
 
 
@@ -60,20 +68,20 @@ class Volume:
     name: str
     node_terms: tuple[Body, ...] | None
     """Its required node affinity (nodeSelectorTerms, ORed); None: any node."""
-    class_name: str = ""
-    capacity: Decimal = Decimal(0)
+    class_name: str
+    capacity: Decimal
     """Its storage, in bytes."""
-    access_modes: frozenset[str] = frozenset()
-    mode: str = FILESYSTEM
-    labels: Mapping[str, str] = field(default_factory=dict)
-    claim_ref: tuple[str, str, str] | None = None
+    access_modes: frozenset[str]
+    mode: str
+    labels: Mapping[str, str]
+    claim_ref: tuple[str, str, str] | None
     """(namespace, name, uid) of the claim it is bound or promised to (uid "" when unsaid)."""
-    available: bool = False
+    available: bool
     """`status.phase` is Available: no claim has it."""
-    attributes_class: str = ""
+    attributes_class: str
     """`spec.volumeAttributesClassName`; a claim takes only a volume of its own."""
-    deleting: bool = False
-    version: int = -1
+    deleting: bool
+    version: int
 
     def made_for(self, claim: Claim) -> bool:
         """Whether its claimRef names `claim` (Kubernetes' IsVolumeBoundToClaim)."""
@@ -116,7 +124,7 @@ class StorageClass:
 
     def provisions_on(self, node: NodeFacts) -> bool:
         """Whether its provisioner may make a volume for `node`."""
-        return self.provisioner != NO_PROVISIONER and (
+        return self.provisioner not in ("", NO_PROVISIONER) and (
             not self.topologies or any(_topology_matches(t, node.labels) for t in self.topologies)
         )
 
@@ -173,16 +181,13 @@ def claim_facts(body: Body) -> Claim:
         ),
         None,
     )
-    beta_class = annotations.get(BETA_STORAGE_CLASS)
     selector = spec.get("selector")
     return Claim(
         key=(text(meta.get("namespace")) or "", text(meta.get("name")) or ""),
         volume=volume if volume and BIND_COMPLETED in annotations else None,
         named_volume=volume or None,
         lost=path(body, "status").get("phase") == "Lost",
-        class_name=beta_class
-        if beta_class is not None
-        else text(spec.get("storageClassName")) or "",
+        class_name=_class_of(body),
         selected_node=annotations.get(SELECTED_NODE) or None,
         deleting=bool(meta.get("deletionTimestamp")),
         owner=owner,
@@ -192,7 +197,7 @@ def claim_facts(body: Body) -> Claim:
         mode=text(spec.get("volumeMode")) or FILESYSTEM,
         selector=selector if isinstance(selector, dict) else None,
         attributes_class=text(spec.get("volumeAttributesClassName")) or "",
-        version=_version(meta),
+        version=_version(body),
     )
 
 
@@ -203,14 +208,10 @@ def volume_facts(body: Body) -> Volume:
         None if required is None else tuple(sequence(mapping(required).get("nodeSelectorTerms")))
     )
     ref = spec.get("claimRef")
-    annotations = annotations_of(body)
-    beta_class = annotations.get(BETA_STORAGE_CLASS)
     return Volume(
         name=text(meta.get("name")) or "",
         node_terms=terms,
-        class_name=beta_class
-        if beta_class is not None
-        else text(spec.get("storageClassName")) or "",
+        class_name=_class_of(body),
         capacity=_storage(mapping(spec.get("capacity")).get("storage")),
         access_modes=_modes(spec),
         mode=text(spec.get("volumeMode")) or FILESYSTEM,
@@ -225,13 +226,20 @@ def volume_facts(body: Body) -> Volume:
         available=path(body, "status").get("phase") == "Available",
         attributes_class=text(spec.get("volumeAttributesClassName")) or "",
         deleting=bool(meta.get("deletionTimestamp")),
-        version=_version(meta),
+        version=_version(body),
     )
 
 
-def _version(meta: Body) -> int:
-    version = text(meta.get("resourceVersion")) or ""
-    return int(version) if version.isdigit() else -1
+def _version(body: Body) -> int:
+    version = resource_version(body)
+    return -1 if version is None else version
+
+
+def _class_of(body: Body) -> str:
+    """A claim's or volume's storage class: the beta annotation, else `storageClassName`
+    (Kubernetes' GetPersistentVolumeClaimClass and GetPersistentVolumeClass); "" for none."""
+    beta = annotations_of(body).get(BETA_STORAGE_CLASS)
+    return beta if beta is not None else text(path(body, "spec").get("storageClassName")) or ""
 
 
 def _storage(quantity: object) -> Decimal:

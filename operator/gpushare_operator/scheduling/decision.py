@@ -68,7 +68,7 @@ class Plan:
     expired: Mapping[PodUid, PodRef] = field(default_factory=dict)
     """Earlier pods of the same request whose assignment wait ran out (logged)."""
     claims: ClaimBinding | None = None
-    """What its claims need before it is bound: a node selected, a volume provisioned."""
+    """What its claims need before it is bound: a volume given, or a node selected."""
 
 
 def plan(

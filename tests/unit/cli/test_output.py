@@ -381,14 +381,19 @@ def test_explain_names_a_node_whose_device_plugin_serves_not_the_pods_scheduler_
     assert out.splitlines()[-1].split(maxsplit=1) == ["gpu-1", f"{why}  -"]
 
 
-def test_explain_says_a_pod_waits_for_its_claim_as_the_operator_would(
-    apiserver: Apiserver, source: Source, capsys: pytest.CaptureFixture[str]
-) -> None:
+def with_a_claim(apiserver: Apiserver) -> None:
+    """One node, and pod t that mounts claim data."""
     apiserver["/api/v1/nodes"] = listing(node("gpu-1"))
     apiserver[GPUNODES] = listing(h200s("gpu-1", 2))
     asking = converted(gpu_pod("t", 12), 6144)
     asking["spec"]["volumes"] = [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]
     apiserver["/api/v1/pods"] = listing(asking)
+
+
+def test_explain_says_a_pod_waits_for_its_claim_as_the_operator_would(
+    apiserver: Apiserver, source: Source, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with_a_claim(apiserver)
     claim = {"metadata": {"name": "data", "namespace": "default"}, "spec": {}}
     apiserver["/api/v1/persistentvolumeclaims"] = listing(claim)
     apiserver["/api/v1/persistentvolumes"] = listing()
@@ -400,11 +405,7 @@ def test_explain_says_a_pod_waits_for_its_claim_as_the_operator_would(
 def test_explain_says_claims_are_not_checked_where_volumes_are_not_visible(
     apiserver: Apiserver, source: Source, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    apiserver["/api/v1/nodes"] = listing(node("gpu-1"))
-    apiserver[GPUNODES] = listing(h200s("gpu-1", 2))
-    asking = converted(gpu_pod("t", 12), 6144)
-    asking["spec"]["volumes"] = [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]
-    apiserver["/api/v1/pods"] = listing(asking)
+    with_a_claim(apiserver)
     apiserver["/api/v1/persistentvolumeclaims"] = listing()
     apiserver["/api/v1/persistentvolumes"] = forbidden("persistentvolumes")
     status = main(["--kubeconfig", str(source.files[0]), "-n", "default", "explain", "t"])

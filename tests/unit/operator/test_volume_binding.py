@@ -37,6 +37,7 @@ class Api:
         self.claims = {key: copy.deepcopy(body) for key, body in claims.items()}
         self.selected: list[tuple[str, str]] = []
         self.promised: list[tuple[str, str, str]] = []
+        self.volume_version = 4  # `local_volume`'s, as the apiserver has it
         self.binds: list[tuple[str, str]] = []
         self.conditions: list[str] = []
         self.refuse_claims: ApiError | None = None
@@ -45,7 +46,8 @@ class Api:
         if self.refuse_claims is not None:
             raise self.refuse_claims
         body = self.claims[claim]
-        if version != int(body["metadata"]["resourceVersion"]):
+        if version < 0 or version != int(body["metadata"]["resourceVersion"]):
+            # The test's claims all have versions: a write without its precondition is a bug.
             raise ApiError(409, "the object has been modified")
         self.selected.append((claim[1], node))
         body["metadata"].setdefault("annotations", {})[SELECTED_NODE] = node
@@ -55,6 +57,8 @@ class Api:
     async def promise_volume(
         self, volume: str, version: int, claim: ClaimKey, claim_uid: str
     ) -> dict[str, Any]:
+        if version != self.volume_version:
+            raise ApiError(409, "the object has been modified")
         self.promised.append((volume, claim[1], claim_uid))
         written = local_volume(volume, "b")
         written["spec"]["claimRef"] = {"namespace": claim[0], "name": claim[1], "uid": claim_uid}
@@ -138,6 +142,15 @@ def node(name: str) -> dict[str, Any]:
     return body
 
 
+def provision(intake: Intake, claim_name: str, node_name: str) -> None:
+    """What the provisioner and the PersistentVolume controller do for a claim given
+    `node_name`: a volume there, bound to the claim."""
+    intake.volume_event("ADDED", volume_facts(volume("pv-1", on_node=node_name)))
+    provisioned = claim(claim_name, volume="pv-1", version=5)
+    provisioned["metadata"]["annotations"][SELECTED_NODE] = node_name
+    intake.claim_event("MODIFIED", claim_facts(provisioned))
+
+
 def pod_with_claims(name: str, *claims: str, memory: int = 6000) -> PodInfo:
     body = gpu_pod(name, memory, uid=name)
     body["metadata"]["resourceVersion"] = "10"
@@ -184,10 +197,7 @@ async def test_a_claim_that_waits_for_its_first_consumer_gets_the_pods_node_befo
         chosen = api.selected[0][1]
         assert api.binds == []  # the provisioner has not bound the claim yet
         # The provisioner makes a volume on the node; the PV controller binds the claim.
-        intake.volume_event("ADDED", volume_facts(volume("pv-1", on_node=chosen)))
-        provisioned = claim("data", volume="pv-1", version=5)
-        provisioned["metadata"]["annotations"][SELECTED_NODE] = chosen
-        intake.claim_event("MODIFIED", claim_facts(provisioned))
+        provision(intake, "data", chosen)
         await settle()
     assert api.binds == [("p", chosen)]
     assert api.conditions == []
@@ -303,10 +313,7 @@ async def test_a_pod_deleted_while_its_claim_waits_is_never_bound() -> None:
         await settle()
         chosen = api.selected[0][1]
         intake.pod_event("DELETED", pod)
-        provisioned = claim("data", volume="pv-1", version=5)
-        provisioned["metadata"]["annotations"][SELECTED_NODE] = chosen
-        intake.volume_event("ADDED", volume_facts(volume("pv-1", on_node=chosen)))
-        intake.claim_event("MODIFIED", claim_facts(provisioned))
+        provision(intake, "data", chosen)
         await settle()
     assert api.binds == []
 
@@ -323,10 +330,7 @@ async def test_pods_that_share_a_waiting_claim_are_given_one_node() -> None:
         await settle()
         assert len(api.selected) == 1
         chosen = api.selected[0][1]
-        provisioned = claim("shared", volume="pv-1", version=5)
-        provisioned["metadata"]["annotations"][SELECTED_NODE] = chosen
-        intake.volume_event("ADDED", volume_facts(volume("pv-1", on_node=chosen)))
-        intake.claim_event("MODIFIED", claim_facts(provisioned))
+        provision(intake, "shared", chosen)
         await settle()
     assert sorted(api.binds) == [("p", chosen), ("q", chosen)]
 
@@ -395,3 +399,16 @@ async def test_a_claim_is_given_a_pre_provisioned_volume_and_its_pod_goes_where_
         intake.claim_event("MODIFIED", claim_facts(bound))
         await settle()
     assert api.binds == [("p", "b")]
+
+
+async def test_a_volume_changed_since_the_decision_is_not_taken() -> None:
+    data = claim("data", "local")
+    data["spec"]["accessModes"] = ["ReadWriteOnce"]
+    data["spec"]["resources"] = {"requests": {"storage": "10Gi"}}
+    api = Api({("default", "data"): data})
+    api.volume_version = 8  # written by someone else, unseen yet
+    scheduler, intake = operator(api, claims=[data], volumes=[local_volume("disk-b", "b")])
+    intake.pod_event("ADDED", pod_with_claims("p", "data"))
+    await run_a_while(scheduler, intake)
+    assert api.promised == []
+    assert api.binds == []
