@@ -45,25 +45,9 @@ async def make_volume(
 ) -> None:
     """A volume only `node` reaches, bound to the claim, as a provisioner and the PV controller
     leave them."""
-    term = {
-        "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]
-    }
-    volume = {
-        "metadata": {"name": name},
-        "spec": {
-            "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": storage_class,
-            "csi": {"driver": "disk.example.com", "volumeHandle": name},
-            "claimRef": {"namespace": "default", "name": claim_name},
-            "nodeAffinity": {"required": {"nodeSelectorTerms": [term]}},
-        },
-    }
-    await raw_json(
-        core.create_persistent_volume(
-            cast(client.V1PersistentVolume, volume), _preload_content=False
-        )
-    )
+    source = {"csi": {"driver": "disk.example.com", "volumeHandle": name}}
+    claim_ref = {"namespace": "default", "name": claim_name}
+    await create_volume(core, name, node, storage_class, {**source, "claimRef": claim_ref})
     await complete_binding(core, claim_name, name)
 
 
@@ -147,6 +131,19 @@ async def test_pods_with_claims_go_where_their_volumes_can_be(
 async def make_local_volume(core: client.CoreV1Api, name: str, node: str) -> None:
     """A pre-provisioned volume of class local on `node`, Available as the PersistentVolume
     controller marks it."""
+    await create_volume(core, name, node, "local", {"local": {"path": f"/mnt/disks/{name}"}})
+    await raw_json(
+        core.patch_persistent_volume_status(
+            name, {"status": {"phase": "Available"}}, _preload_content=False
+        )
+    )
+
+
+async def create_volume(
+    core: client.CoreV1Api, name: str, node: str, storage_class: str, spec: dict[str, Any]
+) -> None:
+    """A 1 GiB ReadWriteOnce volume of `storage_class` that only `node` reaches, with `spec`
+    (its source, and a claimRef if any)."""
     term = {
         "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]
     }
@@ -155,19 +152,14 @@ async def make_local_volume(core: client.CoreV1Api, name: str, node: str) -> Non
         "spec": {
             "capacity": {"storage": "1Gi"},
             "accessModes": ["ReadWriteOnce"],
-            "storageClassName": "local",
-            "local": {"path": f"/mnt/disks/{name}"},
+            "storageClassName": storage_class,
             "nodeAffinity": {"required": {"nodeSelectorTerms": [term]}},
+            **spec,
         },
     }
     await raw_json(
         core.create_persistent_volume(
             cast(client.V1PersistentVolume, volume), _preload_content=False
-        )
-    )
-    await raw_json(
-        core.patch_persistent_volume_status(
-            name, {"status": {"phase": "Available"}}, _preload_content=False
         )
     )
 
